@@ -1,0 +1,233 @@
+"""The in-process values that cross the backend contract (not wire shapes).
+
+A plugin describes each backend it offers with a :class:`BackendDescriptor`. The host hands
+operation hooks a :class:`Runtime` (one live backend instance for one model) and receives
+backend state only as a :class:`BackendState`: an in-process handle, opaque bytes, an opaque
+file, or an external connector key. The host accounts for state and moves it; it never decodes it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .protocol.capabilities import CapabilityId
+from .protocol.policy import Policy
+from .protocol.prefill import ChatMessage, FinishReason
+
+__all__ = [
+    "OPERATION_CAPABILITY",
+    "BackendDescriptor",
+    "BackendState",
+    "CapabilityContext",
+    "DecodeCall",
+    "DecodeOutcome",
+    "ExpertMove",
+    "ExpertMoveOutcome",
+    "ModelSpec",
+    "Operation",
+    "PrefillCall",
+    "PrefillOutcome",
+    "Runtime",
+    "StateKind",
+]
+
+
+class Operation(enum.StrEnum):
+    """The operation hooks the host dispatches to the plugin that owns a runtime."""
+
+    PREFILL = "werk_prefill"
+    DECODE = "werk_decode"
+    SNAPSHOT = "werk_snapshot"
+    RESTORE = "werk_restore"
+    MOVE_EXPERTS = "werk_move_experts"
+
+
+OPERATION_CAPABILITY: dict[Operation, CapabilityId] = {
+    Operation.PREFILL: CapabilityId.PD_PREFILL,
+    Operation.DECODE: CapabilityId.PD_DECODE,
+    Operation.SNAPSHOT: CapabilityId.STATE_PERSISTENCE,
+    Operation.RESTORE: CapabilityId.STATE_RESTORE,
+    Operation.MOVE_EXPERTS: CapabilityId.EXPERTS_RESIDENCY,
+}
+"""The capability an operation hook provides; named in its ``unsupported`` error."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A configured model as a backend sees it.
+
+    :ivar id: the user-facing model id (``demo``).
+    :ivar backend: the backend name that serves it.
+    :ivar identity: ``sha256:…`` over the model's files (the manifest identity).
+    :ivar files: absolute paths of the model's files.
+    :ivar options: backend-specific options from the manifest.
+    """
+
+    id: str
+    backend: str
+    identity: str
+    files: tuple[Path, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendDescriptor:
+    """What a plugin registers through :func:`werk_register_backends`.
+
+    :ivar name: unique backend name, lower-case (``llamacpp``); prefixes plugin capability ids.
+    :ivar formats: model formats it serves (``gguf``, ``safetensors``, ``openai-endpoint``).
+    :ivar description: one line for ``werk plugins``.
+    :ivar start: optional coroutine function that starts a runtime for a model; backends that
+        cannot start runtimes on this machine leave it ``None``.
+    """
+
+    name: str
+    formats: tuple[str, ...] = ()
+    description: str = ""
+    start: Callable[[ModelSpec], Awaitable[Runtime]] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"backend name {self.name!r} must be alphanumeric (with - or _)")
+        if self.name != self.name.lower():
+            raise ValueError(f"backend name {self.name!r} must be lower-case")
+
+
+@dataclass(kw_only=True)
+class Runtime:
+    """One live backend instance serving one model.
+
+    :ivar backend: the owning backend's name (dispatch goes only to its plugin).
+    :ivar model: the model it serves.
+    :ivar generation: random id of this process generation; states are bound to it.
+    :ivar handle: the plugin's own object (process, client, ...). The host never inspects it.
+    :ivar alive: ``False`` once the plugin detected that the runtime died.
+    """
+
+    backend: str
+    model: ModelSpec
+    generation: str
+    handle: Any = None
+    alive: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapabilityContext:
+    """What :func:`werk_capabilities` is asked about.
+
+    :ivar backend: the backend whose rows are wanted (the plugin owns it).
+    :ivar model: the model the rows are for, or ``None`` for backend-wide rows.
+    :ivar runtime: the live runtime for that model, if one exists now.
+    """
+
+    backend: str
+    model: ModelSpec | None = None
+    runtime: Runtime | None = None
+
+
+class StateKind(enum.StrEnum):
+    HANDLE = "handle"
+    BYTES = "bytes"
+    FILE = "file"
+    CONNECTOR = "connector"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendState:
+    """Opaque backend state. Exactly one of the value forms matches ``kind``.
+
+    :ivar kind: which form the state takes.
+    :ivar handle: an in-process object (``kind=handle``), valid only for ``generation``.
+    :ivar data: opaque bytes (``kind=bytes``).
+    :ivar path: an opaque file owned by the plugin until the host moves it (``kind=file``).
+    :ivar connector_key: a key into an external store (``kind=connector``).
+    :ivar logical_bytes: the state's size if the backend knows it.
+    :ivar generation: the process generation that produced it.
+    :ivar tokens: how many prompt tokens the state covers, if known.
+    """
+
+    kind: StateKind
+    generation: str
+    handle: Any = None
+    data: bytes | None = None
+    path: Path | None = None
+    connector_key: str | None = None
+    logical_bytes: int | None = None
+    tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        present = {
+            StateKind.HANDLE: self.handle is not None,
+            StateKind.BYTES: self.data is not None,
+            StateKind.FILE: self.path is not None,
+            StateKind.CONNECTOR: self.connector_key is not None,
+        }
+        if not present[self.kind] or sum(present.values()) != 1:
+            raise ValueError(f"a {self.kind} state must carry exactly its own value form")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillCall:
+    """Arguments of :func:`werk_prefill`. ``prompt`` xor ``messages``.
+
+    :ivar policy: the effective (already defaulted) policy.
+    :ivar keep: ``True`` when the host wants a named state back (retention is not ephemeral).
+    :ivar reuse_from: a compatible state to continue from, when the host found one.
+    """
+
+    prompt: str | None = None
+    messages: Sequence[ChatMessage] | None = None
+    policy: Policy = field(default_factory=Policy)
+    keep: bool = False
+    reuse_from: BackendState | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillOutcome:
+    """What :func:`werk_prefill` returns.
+
+    :ivar state: the evaluated prefix (always present: decode continues from it).
+    :ivar prompt_tokens: tokens in the prompt.
+    :ivar cached_tokens: tokens the backend reports it reused, ``None`` if it does not say.
+    """
+
+    state: BackendState
+    prompt_tokens: int
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeCall:
+    state: BackendState
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeOutcome:
+    """What :func:`werk_decode` returns. ``state`` is an optional replacement state."""
+
+    text: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    state: BackendState | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertMove:
+    expert_ids: Sequence[str]
+    target: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertMoveOutcome:
+    """Which experts the backend actually moved; the host updates metadata only for these."""
+
+    moved: Sequence[str]
+    failed: Sequence[str] = ()

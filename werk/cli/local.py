@@ -1,0 +1,70 @@
+"""Commands that describe the local installation without a running server."""
+
+from __future__ import annotations
+
+import typer
+
+from .._version import PROTOCOL_VERSION
+from ..capabilities import compose_capabilities
+from ..plugins import get_plugin_manager
+from ..protocol import CapabilitiesResponse
+from ._app import app
+from ._output import emit_json, print_table, reporting_errors
+
+JSON_HELP = "Print machine-readable JSON (the protocol shape) instead of a table."
+
+
+@app.command()
+def plugins(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """List installed plugins: status, version, backends, and the hooks each implements.
+
+    A plugin that failed to import or register is listed as `failed` with its error; the
+    others keep working. Restrict loading with WERK_LOAD_PLUGINS=name1,name2 (empty: none);
+    trace hook calls with WERK_TRACE_PLUGINS=1.
+    """
+    pm = get_plugin_manager()
+    rows = pm.plugin_rows()
+    if as_json:
+        emit_json({"plugins": rows})
+        return
+    if not rows:
+        typer.echo("No plugins loaded. Install one, e.g. `pip install werk-llamacpp`.")
+        return
+    print_table(
+        "Plugins",
+        ["NAME", "VERSION", "STATUS", "BACKENDS", "HOOKS", "ERROR"],
+        [
+            (
+                r.name,
+                r.version,
+                r.status,
+                ",".join(r.backends),
+                ",".join(h.removeprefix("werk_") for h in r.hooks),
+                r.error,
+            )
+            for r in rows
+        ],
+    )
+
+
+@app.command()
+def capabilities(
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    model: str | None = typer.Option(None, "--model", help="Only rows for this model id."),
+) -> None:
+    """Show the capability matrix composed from the installed plugins, right now.
+
+    Statuses are exactly: supported, unsupported, unavailable, experimental,
+    externally_managed, metadata_only. Anything but `supported` carries a reason.
+    """
+    with reporting_errors(as_json):
+        pm = get_plugin_manager()
+        rows = compose_capabilities(pm, model=model)
+    if as_json:
+        emit_json(CapabilitiesResponse(protocol=PROTOCOL_VERSION, capabilities=rows))
+        return
+    print_table(
+        "Capabilities",
+        ["CAPABILITY", "STATUS", "BACKEND", "MODEL", "REASON"],
+        [(r.id, r.status, r.backend, r.model, r.reason) for r in rows],
+    )

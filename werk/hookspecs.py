@@ -1,0 +1,187 @@
+"""The backend contract: every hook a Werk plugin may implement.
+
+A plugin is a module (or object) registered through the ``werk`` entry-point group::
+
+    [project.entry-points.werk]
+    mybackend = "werk_mybackend.plugin"
+
+and implements any of the hooks below with :data:`werk.hookimpl`. Hooks take keyword arguments;
+an implementation may accept any subset of a hook's arguments (pluggy matches them by name).
+
+**Registration and discovery** hooks (:func:`werk_register_backends`) are called on every
+loaded plugin.
+
+**Runtime** hooks (:func:`werk_capabilities` and the operation hooks) are called **only on the
+plugin that registered the runtime's backend**, so an implementation never needs to check
+"is this runtime mine?". Operation hooks may be ``async def``. They stop at the first
+non-``None`` result. If the owning plugin has no implementation, the host raises
+:class:`werk.Unsupported` naming the capability — an operation never silently does nothing.
+
+Hook arguments may be added in later versions (implementations that do not name them keep
+working); existing arguments are never renamed or removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import pluggy
+
+from .backends import (
+    BackendDescriptor,
+    BackendState,
+    CapabilityContext,
+    DecodeCall,
+    DecodeOutcome,
+    ExpertMove,
+    ExpertMoveOutcome,
+    PrefillCall,
+    PrefillOutcome,
+    Runtime,
+)
+from .protocol.capabilities import CapabilityReport
+
+PROJECT_NAME = "werk"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+__all__ = [
+    "hookimpl",
+    "hookspec",
+    "werk_capabilities",
+    "werk_decode",
+    "werk_move_experts",
+    "werk_prefill",
+    "werk_register_backends",
+    "werk_restore",
+    "werk_snapshot",
+]
+
+# -------------------------------------------------------------------------------------------
+# Registration
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
+    """Register the backends this plugin provides.
+
+    Called once per plugin when the plugin manager loads it. A plugin that raises here is
+    reported as a ``failed`` plugin row with the error text; the host keeps working.
+
+    :param register: call it once per :class:`werk.BackendDescriptor`. Registering a backend
+        name that another plugin already registered fails the second plugin.
+    :returns: nothing.
+
+    Example::
+
+        @hookimpl
+        def werk_register_backends(register):
+            register(BackendDescriptor(name="echo", formats=("text",)))
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Discovery (called only on the owning plugin)
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def werk_capabilities(context: CapabilityContext) -> Sequence[CapabilityReport] | None:
+    """Report the capability rows of one backend, for one model or backend-wide.
+
+    Called at request time, only on the plugin that owns ``context.backend``. Report only what is
+    true now: ``experimental`` only after a functional probe passed for *this* process
+    generation, ``unavailable`` (with a reason) when a prerequisite is missing, and omit ids the
+    backend does not advertise at all. Core ids are those of :class:`werk.CapabilityId`;
+    plugin-specific ids must be ``<backend>.<name>``.
+
+    :param context: the backend, the model (``None`` for backend-wide rows) and the live
+        runtime, if one exists.
+    :returns: the rows (``backend`` and ``model`` may be left ``None``; the host fills them), or
+        ``None`` to report nothing.
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Operations (firstresult, called only on the owning plugin, may be async)
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def werk_prefill(
+    runtime: Runtime, call: PrefillCall
+) -> PrefillOutcome | Awaitable[PrefillOutcome] | None:
+    """Evaluate a prompt prefix in the runtime and return its opaque state.
+
+    Provides ``runtime.pd.prefill``. Stops at the first non-``None`` result.
+
+    :param runtime: the owning plugin's live runtime for the request's model.
+    :param call: prompt or messages, the effective policy, whether to keep a named state, and an
+        optional compatible state to continue from.
+    :returns: a :class:`werk.PrefillOutcome` whose ``state`` decode can continue from.
+    :raises werk.WerkError: e.g. :class:`werk.BackendError` with Werk's own summary.
+    """
+
+
+@hookspec(firstresult=True)
+def werk_decode(
+    runtime: Runtime, call: DecodeCall
+) -> DecodeOutcome | Awaitable[DecodeOutcome] | None:
+    """Generate a continuation from a state produced by :func:`werk_prefill` or restore.
+
+    Provides ``runtime.pd.decode``. The host has already consumed the handoff; a failure here is
+    final for that handoff. Completion text over 1 MiB of UTF-8 is refused by the host.
+
+    :param runtime: the owning plugin's live runtime.
+    :param call: the state and the sampling parameters.
+    :returns: a :class:`werk.DecodeOutcome`, optionally with a replacement state.
+    """
+
+
+@hookspec(firstresult=True)
+def werk_snapshot(
+    runtime: Runtime, state: BackendState
+) -> BackendState | Awaitable[BackendState] | None:
+    """Export a live state as a disk-persistable opaque payload (bytes or a file).
+
+    Provides ``runtime.state.persistence``. The host streams the payload into its catalog,
+    hashing it on the way; it never interprets the bytes.
+
+    :param runtime: the owning plugin's live runtime.
+    :param state: the live state to export.
+    :returns: a :class:`werk.BackendState` of kind ``bytes`` or ``file``.
+    """
+
+
+@hookspec(firstresult=True)
+def werk_restore(
+    runtime: Runtime, payload: BackendState
+) -> BackendState | Awaitable[BackendState] | None:
+    """Load a persisted payload back into the runtime.
+
+    Provides ``runtime.state.restore``. The host calls it only when the payload's compatibility
+    envelope equals the runtime's exactly. A failed restore must leave no partial state behind
+    that could serve another request.
+
+    :param runtime: the owning plugin's live runtime.
+    :param payload: a ``file`` or ``bytes`` state from the catalog (hash already verified).
+    :returns: the live state decode can continue from.
+    """
+
+
+@hookspec(firstresult=True)
+def werk_move_experts(
+    runtime: Runtime, move: ExpertMove
+) -> ExpertMoveOutcome | Awaitable[ExpertMoveOutcome] | None:
+    """Move MoE experts between residency tiers.
+
+    Provides ``runtime.experts.residency``. The host's expert policy engine plans and claims the
+    move; this hook performs it and reports exactly which experts moved. Metadata changes only
+    for those.
+
+    :param runtime: the owning plugin's live runtime.
+    :param move: expert ids and the target tier (``vram``, ``ram`` or ``external``).
+    :returns: a :class:`werk.ExpertMoveOutcome`.
+    """

@@ -1,0 +1,297 @@
+"""Plugin loading and owner-only hook dispatch.
+
+:func:`get_plugin_manager` builds a fresh :class:`WerkPluginManager`; nothing is loaded at import
+time. Plugins come from the ``werk`` entry-point group. ``WERK_LOAD_PLUGINS`` (comma-separated
+distribution or entry-point names; empty means none) restricts which ones load. A plugin that
+raises on import, implements an unknown hook, or raises during registration becomes a ``failed``
+row carrying its error text; the host keeps working. ``WERK_TRACE_PLUGINS=1`` logs every hook
+call to the ``werk.plugins`` logger (stderr).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .backends import OPERATION_CAPABILITY, BackendDescriptor, CapabilityContext, Operation, Runtime
+from .protocol.capabilities import CapabilityReport, CapabilityStatus
+from .protocol.errors import BackendError, Unsupported, WerkError
+from .protocol.info import PluginInfo, PluginStatus
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginRecord",
+    "WerkPluginManager",
+    "get_plugin_manager",
+]
+
+ENTRY_POINT_GROUP = "werk"
+LOAD_ENV = "WERK_LOAD_PLUGINS"
+TRACE_ENV = "WERK_TRACE_PLUGINS"
+
+log = logging.getLogger("werk.plugins")
+
+
+@dataclass
+class PluginRecord:
+    """What the host knows about one plugin, loaded or not."""
+
+    name: str
+    version: str | None
+    status: PluginStatus
+    error: str | None = None
+    backends: list[str] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)
+    plugin: object | None = None
+
+    def info(self) -> PluginInfo:
+        return PluginInfo(
+            name=self.name,
+            version=self.version,
+            backends=list(self.backends),
+            status=self.status,
+            error=self.error,
+            hooks=list(self.hooks),
+        )
+
+
+def _allowed_names(environ: Mapping[str, str]) -> set[str] | None:
+    raw = environ.get(LOAD_ENV)
+    if raw is None:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+async def await_me_maybe(value: Any) -> Any:
+    """Await ``value`` if a hook implementation returned an awaitable."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class WerkPluginManager(pluggy.PluginManager):
+    """A pluggy manager that tracks plugin rows and owns the backend registry."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT_NAME)
+        self.add_hookspecs(hookspecs)
+        self.records: dict[str, PluginRecord] = {}
+        self.backends: dict[str, BackendDescriptor] = {}
+        self._backend_owner: dict[str, str] = {}
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def load_entrypoints(self, environ: Mapping[str, str] | None = None) -> None:
+        """Load every allowed entry point of group ``werk``; failures become ``failed`` rows."""
+        env = os.environ if environ is None else environ
+        allowed = _allowed_names(env)
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist
+            name = dist.name if dist is not None else ep.name
+            version = dist.version if dist is not None else None
+            if allowed is not None and name not in allowed and ep.name not in allowed:
+                continue
+            if name in self.records:
+                name = f"{name}:{ep.name}"
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                log.warning("plugin %s failed to import: %s", name, _error_text(exc))
+                self.records[name] = PluginRecord(
+                    name=name, version=version, status=PluginStatus.FAILED, error=_error_text(exc)
+                )
+                continue
+            self.add_plugin(plugin, name=name, version=version)
+
+    def add_plugin(self, plugin: object, *, name: str, version: str | None = None) -> PluginRecord:
+        """Register ``plugin``, validate its hooks and collect its backends.
+
+        Any failure unregisters the plugin and records it as ``failed``.
+        """
+        record = PluginRecord(name=name, version=version, status=PluginStatus.LOADED)
+        self.records[name] = record
+        try:
+            self.register(plugin, name=name)
+        except Exception as exc:
+            record.status, record.error = PluginStatus.FAILED, _error_text(exc)
+            return record
+        record.plugin = plugin
+        record.hooks = sorted(impl for impl in self._implemented_hooks(plugin))
+        try:
+            unknown = [h for h in record.hooks if not self._has_spec(h)]
+            if unknown:
+                raise pluggy.PluginValidationError(plugin, f"unknown hook(s) {', '.join(unknown)}")
+            registered: list[BackendDescriptor] = []
+            caller = self._only(plugin, "werk_register_backends")
+            caller(register=registered.append)
+            for descriptor in registered:
+                if not isinstance(descriptor, BackendDescriptor):
+                    raise TypeError("register() expects a werk.BackendDescriptor")
+                owner = self._backend_owner.get(descriptor.name)
+                if owner is not None:
+                    raise ValueError(
+                        f"backend {descriptor.name!r} is already registered by {owner}"
+                    )
+            for descriptor in registered:
+                self.backends[descriptor.name] = descriptor
+                self._backend_owner[descriptor.name] = name
+                record.backends.append(descriptor.name)
+        except Exception as exc:
+            log.warning("plugin %s failed to register: %s", name, _error_text(exc))
+            self.unregister(plugin)
+            record.status, record.error, record.plugin = PluginStatus.FAILED, _error_text(exc), None
+            record.backends = []
+        return record
+
+    def _implemented_hooks(self, plugin: object) -> Iterable[str]:
+        for hook_name in dir(plugin):
+            if hook_name.startswith("werk_") and self.parse_hookimpl_opts(plugin, hook_name):
+                yield hook_name
+
+    def _has_spec(self, hook_name: str) -> bool:
+        caller = getattr(self.hook, hook_name, None)
+        return caller is not None and caller.spec is not None
+
+    def _only(self, plugin: object, hook_name: str) -> pluggy.HookCaller:
+        others = [p for p in self.get_plugins() if p is not plugin]
+        return self.subset_hook_caller(hook_name, remove_plugins=others)
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def plugin_rows(self) -> list[PluginInfo]:
+        return [self.records[name].info() for name in sorted(self.records)]
+
+    def owner_of(self, backend: str) -> PluginRecord:
+        try:
+            return self.records[self._backend_owner[backend]]
+        except KeyError:
+            raise Unsupported(f"no loaded plugin provides backend {backend!r}") from None
+
+    def implements(self, backend: str, hook_name: str) -> bool:
+        record = self.owner_of(backend)
+        return hook_name in record.hooks
+
+    # -- owner-only dispatch ---------------------------------------------------------------
+
+    def capabilities(self, context: CapabilityContext) -> list[CapabilityReport]:
+        """Rows from the plugin owning ``context.backend``; a raising plugin yields one
+        ``unavailable`` row saying discovery failed instead of hiding the failure."""
+        record = self.owner_of(context.backend)
+        if "werk_capabilities" not in record.hooks:
+            return []
+        model_id = context.model.id if context.model else None
+        try:
+            results = self._only(record.plugin, "werk_capabilities")(context=context)
+            rows = [row for result in results if result for row in result]
+        except Exception as exc:
+            log.exception("capability discovery failed in %s", record.name)
+            return [
+                CapabilityReport(
+                    id=f"{context.backend}.discovery",
+                    status=CapabilityStatus.UNAVAILABLE,
+                    backend=context.backend,
+                    model=model_id,
+                    reason=f"capability discovery raised {type(exc).__name__}",
+                )
+            ]
+        out: list[CapabilityReport] = []
+        for row in rows:
+            if not isinstance(row, CapabilityReport):
+                raise TypeError(f"{record.name} returned {type(row).__name__}, not a report")
+            out.append(
+                CapabilityReport(
+                    id=row.id,
+                    status=row.status,
+                    backend=row.backend or context.backend,
+                    model=row.model if row.model is not None else model_id,
+                    operations=list(row.operations),
+                    reason=row.reason,
+                )
+            )
+        return out
+
+    async def call_operation(self, operation: Operation, runtime: Runtime, **kwargs: Any) -> Any:
+        """Call ``operation`` on the plugin that owns ``runtime`` only.
+
+        :raises Unsupported: the owner has no implementation, or every implementation declined
+            (returned ``None``); the error names the capability.
+        :raises BackendError: an implementation raised a non-Werk exception (logged in full).
+        """
+        capability = OPERATION_CAPABILITY[operation].value
+        record = self.owner_of(runtime.backend)
+        if operation.value not in record.hooks:
+            raise Unsupported(
+                f"backend {runtime.backend!r} does not implement {operation.value}",
+                capability=capability,
+            )
+        caller = self._only(record.plugin, operation.value)
+        try:
+            result = await await_me_maybe(caller(runtime=runtime, **kwargs))
+        except WerkError:
+            raise
+        except Exception:
+            log.exception("%s raised in %s", operation.value, record.name)
+            raise BackendError(
+                f"backend {runtime.backend!r} failed during {operation.value.removeprefix('werk_')}"
+            ) from None
+        if result is None:
+            raise Unsupported(
+                f"backend {runtime.backend!r} declined {operation.value}", capability=capability
+            )
+        return result
+
+
+def _enable_tracing(pm: WerkPluginManager) -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("werk.plugins: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+
+    def before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        names = ", ".join(pm.get_name(i.plugin) or "?" for i in impls)
+        log.debug("call %s(%s) -> [%s]", hook_name, ", ".join(sorted(kwargs)), names)
+
+    def after(outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Any) -> None:
+        exc = outcome.exception
+        log.debug("done %s%s", hook_name, f" raised {type(exc).__name__}" if exc else "")
+
+    pm.add_hookcall_monitoring(before, after)
+
+
+def get_plugin_manager(
+    *,
+    load_entrypoints: bool = True,
+    plugins: Iterable[tuple[str, ModuleType | object]] = (),
+    environ: Mapping[str, str] | None = None,
+) -> WerkPluginManager:
+    """Build a plugin manager.
+
+    :param load_entrypoints: load the ``werk`` entry-point group (honours ``WERK_LOAD_PLUGINS``).
+    :param plugins: extra ``(name, plugin)`` pairs to register (tests, embedding).
+    :param environ: environment to read instead of ``os.environ``.
+    """
+    env = os.environ if environ is None else environ
+    pm = WerkPluginManager()
+    if env.get(TRACE_ENV, "") not in ("", "0"):
+        _enable_tracing(pm)
+    if load_entrypoints:
+        pm.load_entrypoints(env)
+    for name, plugin in plugins:
+        pm.add_plugin(plugin, name=name)
+    return pm
