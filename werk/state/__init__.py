@@ -1,0 +1,1 @@
+"""Runtime-state library: catalog, envelope, principals, handoffs (backend-neutral)."""

@@ -1,0 +1,50 @@
+"""The compatibility envelope: an immutable record of everything that produced a state.
+
+Reuse requires exact equality of the *complete* envelope. There are no wildcard dimensions: a
+changed backend binary, model, runtime argument, cache layout, process generation or principal
+makes a state incompatible. Incompatibility (:class:`werk.IncompatibleState`) is distinct from a
+miss (no state at all).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+__all__ = ["Envelope"]
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Who and what produced a state.
+
+    :ivar adapter: plugin distribution name (``werk-llamacpp``).
+    :ivar adapter_version: that plugin's version.
+    :ivar backend: backend name (``llamacpp``).
+    :ivar executable: fingerprint of the backend executable (``sha256:…``), or ``""`` when the
+        backend has none (in-process).
+    :ivar model_identity: the model manifest identity (``sha256:…``).
+    :ivar runtime_args: the effective runtime arguments, in order.
+    :ivar cache_layout: the backend's description of its state layout (opaque to the host).
+    :ivar generation: the process generation that produced the state.
+    :ivar principal: the owning principal (``p_…`` or ``local``).
+    """
+
+    adapter: str
+    adapter_version: str
+    backend: str
+    executable: str
+    model_identity: str
+    runtime_args: tuple[str, ...]
+    cache_layout: str
+    generation: str
+    principal: str
+
+    def digest(self) -> str:
+        """A stable ``sha256:`` digest over the canonical JSON of every field."""
+        canonical = msgspec.json.encode(msgspec.structs.asdict(self), order="sorted")
+        return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+    def compatible_with(self, other: Envelope) -> bool:
+        """Exact equality of every dimension; nothing is waived."""
+        return self == other
