@@ -9,10 +9,10 @@ file, or an external connector key. The host accounts for state and moves it; it
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .protocol.capabilities import CapabilityId
 from .protocol.policy import Policy
@@ -28,6 +28,8 @@ __all__ = [
     "ExpertMove",
     "ExpertMoveOutcome",
     "ModelSpec",
+    "OpenAICall",
+    "OpenAIReply",
     "Operation",
     "PrefillCall",
     "PrefillOutcome",
@@ -44,6 +46,7 @@ class Operation(enum.StrEnum):
     SNAPSHOT = "werk_snapshot"
     RESTORE = "werk_restore"
     MOVE_EXPERTS = "werk_move_experts"
+    OPENAI = "werk_openai"
 
 
 OPERATION_CAPABILITY: dict[Operation, CapabilityId] = {
@@ -53,7 +56,9 @@ OPERATION_CAPABILITY: dict[Operation, CapabilityId] = {
     Operation.RESTORE: CapabilityId.STATE_RESTORE,
     Operation.MOVE_EXPERTS: CapabilityId.EXPERTS_RESIDENCY,
 }
-"""The capability an operation hook provides; named in its ``unsupported`` error."""
+"""The capability an operation hook provides; named in its ``unsupported`` error.
+
+``werk_openai`` (plain inference through ``/v1``) is not a protocol capability and is absent."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,18 +88,23 @@ class BackendDescriptor:
     :ivar description: one line for ``werk plugins``.
     :ivar start: optional coroutine function that starts a runtime for a model; backends that
         cannot start runtimes on this machine leave it ``None``.
+    :ivar stop: coroutine function that stops a runtime ``start`` returned (required with
+        ``start``); it must reap every process the runtime owns.
     """
 
     name: str
     formats: tuple[str, ...] = ()
     description: str = ""
     start: Callable[[ModelSpec], Awaitable[Runtime]] | None = None
+    stop: Callable[[Runtime], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"backend name {self.name!r} must be alphanumeric (with - or _)")
         if self.name != self.name.lower():
             raise ValueError(f"backend name {self.name!r} must be lower-case")
+        if (self.start is None) != (self.stop is None):
+            raise ValueError(f"backend {self.name!r} must give both start and stop, or neither")
 
 
 @dataclass(kw_only=True)
@@ -231,3 +241,29 @@ class ExpertMoveOutcome:
 
     moved: Sequence[str]
     failed: Sequence[str] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenAICall:
+    """An OpenAI-compatible request for :func:`werk_openai`.
+
+    :ivar route: ``chat.completions`` or ``completions``.
+    :ivar body: the client's JSON object (``model`` already resolved to this runtime).
+    :ivar stream: whether the client asked for SSE streaming.
+    """
+
+    route: Literal["chat.completions", "completions"]
+    body: dict[str, Any]
+    stream: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenAIReply:
+    """A backend's answer: a complete JSON object, or SSE ``data`` payloads (no ``[DONE]``)."""
+
+    body: dict[str, Any] | None = None
+    stream: AsyncIterator[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.body is None) == (self.stream is None):
+            raise ValueError("an OpenAIReply carries exactly one of body or stream")

@@ -35,6 +35,8 @@ from .backends import (
     DecodeOutcome,
     ExpertMove,
     ExpertMoveOutcome,
+    OpenAICall,
+    OpenAIReply,
     PrefillCall,
     PrefillOutcome,
     Runtime,
@@ -52,6 +54,7 @@ __all__ = [
     "werk_capabilities",
     "werk_decode",
     "werk_move_experts",
+    "werk_openai",
     "werk_prefill",
     "werk_register_backends",
     "werk_restore",
@@ -184,4 +187,19 @@ def werk_move_experts(
     :param runtime: the owning plugin's live runtime.
     :param move: expert ids and the target tier (``vram``, ``ram`` or ``external``).
     :returns: a :class:`werk.ExpertMoveOutcome`.
+    """
+
+
+@hookspec(firstresult=True)
+def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | Awaitable[OpenAIReply] | None:
+    """Answer an OpenAI-compatible ``/v1`` chat or text completion request.
+
+    Not a protocol capability: a backend without it cannot serve ``/v1`` inference and the host
+    answers ``unsupported``. Streaming replies are passed to the client as they arrive, never
+    buffered whole. Backend error bodies must be turned into :class:`werk.WerkError` subclasses
+    with Werk's own message; they are never forwarded.
+
+    :param runtime: the owning plugin's live runtime for the requested model.
+    :param call: route, the client's JSON body and whether it asked to stream.
+    :returns: a :class:`werk.OpenAIReply` with a ``body`` or a ``stream`` of SSE payloads.
     """

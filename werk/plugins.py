@@ -232,7 +232,8 @@ class WerkPluginManager(pluggy.PluginManager):
             (returned ``None``); the error names the capability.
         :raises BackendError: an implementation raised a non-Werk exception (logged in full).
         """
-        capability = OPERATION_CAPABILITY[operation].value
+        cap = OPERATION_CAPABILITY.get(operation)
+        capability = cap.value if cap is not None else None
         record = self.owner_of(runtime.backend)
         if operation.value not in record.hooks:
             raise Unsupported(

@@ -47,6 +47,8 @@ def decode(data: bytes | str, type: type[_T]) -> _T:
         raise InvalidRequest(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("malformed JSON: nesting is too deep") from None
 
 
 def to_builtins(value: Any) -> Any:

@@ -33,6 +33,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Unsupported",
+    "UnsupportedMediaType",
     "WerkError",
     "WerkTimeout",
     "error_class",
@@ -105,6 +106,8 @@ class WerkError(Exception):
 
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
     default_retryable: ClassVar[bool] = False
+    status_override: ClassVar[int | None] = None
+    """A transport status more precise than the code's (only 415 for a wrong content type)."""
 
     def __init__(
         self,
@@ -120,7 +123,7 @@ class WerkError(Exception):
 
     @property
     def http_status(self) -> int:
-        return HTTP_STATUS[self.code]
+        return self.status_override or HTTP_STATUS[self.code]
 
     def to_body(self, request_id: str | None = None) -> ErrorBody:
         """The protocol error body for this exception."""
@@ -143,6 +146,12 @@ class InvalidRequest(WerkError):
     """Malformed JSON, wrong types, unknown fields or out-of-range values."""
 
     code = ErrorCode.INVALID_REQUEST
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """A request body that is not ``application/json`` (``invalid_request``, HTTP 415)."""
+
+    status_override = 415
 
 
 class Unauthenticated(WerkError):

@@ -1,0 +1,133 @@
+"""``WerkControl``: one transport-neutral async method per protocol operation.
+
+Implementations know nothing about HTTP headers or status codes; they raise
+:class:`werk.WerkError` subclasses. The HTTP adapter and in-process callers (CLI, tests) share
+this interface. Every method that touches principal-scoped data takes the caller's opaque
+principal (``local`` or ``p_<hex>``), never an API key.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..backends import OpenAIReply
+from ..protocol import (
+    CapabilitiesResponse,
+    DecodeRequest,
+    DecodeResponse,
+    ExpertActionRequest,
+    ExpertActionResult,
+    ExpertList,
+    InfoResponse,
+    JobRecord,
+    MemoryResponse,
+    ModelList,
+    PinRequest,
+    PinResult,
+    PrefillRequest,
+    PrefillResponse,
+    PruneRequest,
+    PruneResult,
+    ResidencyRequest,
+    ResidencyResult,
+    StateList,
+    StateSummary,
+    Tier,
+    TierRequest,
+    TierResult,
+)
+
+__all__ = ["StateQuery", "WerkControl"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateQuery:
+    """Filters of ``GET /werk/v1/states``."""
+
+    model: str | None = None
+    tier: Tier | None = None
+    pinned: bool | None = None
+
+
+class WerkControl(abc.ABC):
+    """The Werk Protocol 1.0 operations, independent of any transport."""
+
+    # discovery -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def info(self) -> InfoResponse: ...
+
+    @abc.abstractmethod
+    async def capabilities(self, *, model: str | None = None) -> CapabilitiesResponse: ...
+
+    @abc.abstractmethod
+    async def memory(self) -> MemoryResponse: ...
+
+    # models ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def models(self) -> ModelList: ...
+
+    @abc.abstractmethod
+    async def set_residency(
+        self, model: str, request: ResidencyRequest, *, resident: bool
+    ) -> ResidencyResult: ...
+
+    # states ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def list_states(self, principal: str, query: StateQuery) -> StateList: ...
+
+    @abc.abstractmethod
+    async def inspect_state(self, principal: str, state_id: str) -> StateSummary: ...
+
+    @abc.abstractmethod
+    async def prune_states(self, principal: str, request: PruneRequest) -> PruneResult: ...
+
+    @abc.abstractmethod
+    async def pin_state(self, principal: str, state_id: str, request: PinRequest) -> PinResult: ...
+
+    @abc.abstractmethod
+    async def tier_state(
+        self, principal: str, state_id: str, request: TierRequest
+    ) -> TierResult: ...
+
+    # prefill / decode ------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def prefill(self, principal: str, request: PrefillRequest) -> PrefillResponse: ...
+
+    @abc.abstractmethod
+    async def decode(self, principal: str, request: DecodeRequest) -> DecodeResponse: ...
+
+    # experts ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def experts(self, principal: str, model: str) -> ExpertList: ...
+
+    @abc.abstractmethod
+    async def expert_action(
+        self,
+        principal: str,
+        model: str,
+        action: Literal["prefetch", "evict"],
+        request: ExpertActionRequest,
+    ) -> ExpertActionResult: ...
+
+    # jobs ------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def job(self, principal: str, job_id: str) -> JobRecord: ...
+
+    # OpenAI-compatible /v1 ---------------------------------------------------------------------
+    @abc.abstractmethod
+    async def openai_models(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def openai_request(
+        self,
+        principal: str,
+        route: Literal["chat.completions", "completions"],
+        body: dict[str, Any],
+    ) -> OpenAIReply: ...
+
+    # lifecycle -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop every runtime this service owns."""

@@ -1,0 +1,47 @@
+"""The ASGI application: ``/werk/v1`` + ``/v1`` + the OpenAPI document."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..control.interface import WerkControl
+from ..protocol import encode
+from .auth import Authenticator
+from .errors import error_response
+from .guard import admit
+from .openai import openai_routes
+from .openapi import openapi_document
+from .requests import RequestIdMiddleware
+from .routes import werk_routes
+
+__all__ = ["build_app"]
+
+
+def build_app(control: WerkControl, auth: Authenticator) -> Starlette:
+    """Assemble the application. The caller owns ``control``'s lifecycle."""
+    document = encode(openapi_document())
+
+    async def openapi(request: Request) -> Response:
+        try:
+            admit(request, auth)
+        except Exception as exc:
+            return error_response(request, exc)
+        return Response(document, media_type="application/json")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        return error_response(request, exc)
+
+    app = Starlette(
+        routes=[
+            *werk_routes(control, auth),
+            Route("/werk/v1/openapi.json", openapi, methods=["GET"]),
+            *openai_routes(control, auth),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+    app.add_middleware(RequestIdMiddleware)
+    return app

@@ -1,0 +1,45 @@
+"""Authentication: API key → opaque principal, compared in constant time.
+
+The raw key never leaves this module: handlers receive only the principal (``p_<hex>``, an
+HMAC of the key under the namespace key) or ``local`` in unauthenticated local mode.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Sequence
+
+from ..protocol import AuthMode, Unauthenticated
+
+__all__ = ["Authenticator"]
+
+LOCAL_PRINCIPAL = "local"
+
+
+class Authenticator:
+    """Checks ``Authorization: Bearer <key>`` against the configured keys.
+
+    :param api_keys: the accepted keys; empty means unauthenticated local mode.
+    :param derive_principal: maps an accepted key to its principal (HMAC under the namespace key).
+    """
+
+    def __init__(self, api_keys: Sequence[str], derive_principal: Callable[[str], str]) -> None:
+        self._keys = [(key.encode(), derive_principal(key)) for key in api_keys if key]
+        self.mode = AuthMode.API_KEY if self._keys else AuthMode.UNAUTHENTICATED_LOCAL
+
+    def principal(self, authorization: str | None) -> str:
+        """The caller's principal.
+
+        :raises Unauthenticated: keys are configured and the header is missing or wrong.
+        """
+        if self.mode is AuthMode.UNAUTHENTICATED_LOCAL:
+            return LOCAL_PRINCIPAL
+        scheme, _, presented = (authorization or "").partition(" ")
+        candidate = presented.strip().encode()
+        match: str | None = None
+        for key, principal in self._keys:  # no early exit: time does not depend on which key
+            if hmac.compare_digest(candidate, key) and scheme.lower() == "bearer":
+                match = principal
+        if match is None:
+            raise Unauthenticated("missing or invalid API key")
+        return match

@@ -1,0 +1,94 @@
+"""The OpenAPI 3.1 document of ``/werk/v1``, generated from the msgspec Structs."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from .._version import PROTOCOL_VERSION, __version__
+from ..protocol import ErrorBody
+from .routes import ROUTE_SPECS
+
+__all__ = ["openapi_document"]
+
+_REF = "#/components/schemas/{name}"
+_PARAM = re.compile(r"{([a-z_]+)}")
+
+_QUERY: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "/werk/v1/capabilities": [("model", {"type": "string"})],
+    "/werk/v1/states": [
+        ("model", {"type": "string"}),
+        ("tier", {"enum": ["backend", "ram", "vram", "disk"]}),
+        ("pinned", {"enum": ["true", "false"]}),
+    ],
+    "/werk/v1/experts": [("model", {"type": "string"})],
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    structs = sorted(
+        {t for s in ROUTE_SPECS for t in (s.request, s.response) if t is not None} | {ErrorBody},
+        key=lambda t: t.__name__,
+    )
+    refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
+    ref_of = dict(zip(structs, refs, strict=True))
+    error = {
+        "description": "Werk error",
+        "content": {"application/json": {"schema": ref_of[ErrorBody]}},
+    }
+    paths: dict[str, dict[str, Any]] = {}
+    for spec in ROUTE_SPECS:
+        params = [
+            {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+            for n in _PARAM.findall(spec.path)
+        ]
+        params += [
+            {"name": n, "in": "query", "required": spec.path == "/werk/v1/experts", "schema": s}
+            for n, s in _QUERY.get(spec.path, [])
+        ]
+        ok_schema = (
+            ref_of[spec.response]
+            if spec.response
+            else {
+                "type": "object",
+                "properties": {"status": {"type": "string"}},
+                "required": ["status"],
+            }
+        )
+        op: dict[str, Any] = {
+            "summary": spec.summary,
+            "operationId": spec.handler.__name__.strip("_"),
+            "parameters": params,
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": ok_schema}},
+                },
+                "default": error,
+            },
+        }
+        if spec.request is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": ref_of[spec.request]}},
+            }
+        if spec.authenticated:
+            op["security"] = [{"bearer": []}]
+        else:
+            op["security"] = []
+        paths.setdefault(spec.path, {})[spec.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Werk Protocol",
+            "version": PROTOCOL_VERSION,
+            "x-werk-version": __version__,
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
