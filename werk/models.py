@@ -1,0 +1,201 @@
+"""The model registry: manifests under ``WERK_HOME/models/<id>.json``.
+
+A manifest records the model's files with their sizes and SHA-256 digests; the model's
+*identity* is a hash over those. Re-importing changed files under the same id yields a new
+identity, so every runtime key (and every state's compatibility envelope) changes with it.
+Files are referenced in place, never copied: weights can be gigabytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .backends import ModelSpec
+from .protocol import InvalidRequest, NotFound
+
+__all__ = ["ModelFile", "ModelManifest", "ModelRegistry", "validate_model_id"]
+
+MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MANIFEST_SCHEMA = 1
+_CHUNK = 1024 * 1024
+_MAX_MANIFEST_BYTES = 1024 * 1024
+
+
+def validate_model_id(model_id: str) -> str:
+    if not MODEL_ID.match(model_id) or ".." in model_id:
+        raise InvalidRequest(
+            f"model id {model_id!r} must be 1-128 characters of letters, digits, '.', '_', '-'"
+        )
+    return model_id
+
+
+class ModelFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    path: str
+    size: int
+    sha256: str
+
+
+class ModelManifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    schema: int
+    id: str
+    backend: str
+    files: tuple[ModelFile, ...]
+    identity: str
+    created_at: str
+    options: dict[str, Any] = {}
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            id=self.id,
+            backend=self.backend,
+            identity=self.identity,
+            files=tuple(Path(f.path) for f in self.files),
+            options=dict(self.options),
+        )
+
+
+def _hash_file(path: Path, progress: Callable[[int], None] | None) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            if progress is not None:
+                progress(len(chunk))
+    return size, digest.hexdigest()
+
+
+def identity_of(files: tuple[ModelFile, ...]) -> str:
+    """``sha256:`` over the ordered (name, size, digest) triples; paths do not matter."""
+    digest = hashlib.sha256(b"werk/model-identity/v1\0")
+    for f in files:
+        for field in (Path(f.path).name, str(f.size), f.sha256):
+            encoded = field.encode()
+            digest.update(len(encoded).to_bytes(8, "big") + encoded)
+    return "sha256:" + digest.hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class ModelRegistry:
+    """Reads and writes model manifests. Reads never create directories."""
+
+    def __init__(self, home: Path) -> None:
+        self.root = home / "models"
+
+    def _path(self, model_id: str) -> Path:
+        return self.root / f"{validate_model_id(model_id)}.json"
+
+    def get(self, model_id: str) -> ModelManifest:
+        path = self._path(model_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise NotFound(f"model {model_id!r} is not imported") from None
+        except OSError as exc:
+            raise NotFound(f"model {model_id!r} manifest is unreadable ({exc.strerror})") from None
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(_MAX_MANIFEST_BYTES + 1)
+        try:
+            if len(data) > _MAX_MANIFEST_BYTES:
+                raise ValueError("manifest too large")
+            manifest = msgspec.json.decode(data, type=ModelManifest)
+        except (msgspec.DecodeError, ValueError) as exc:
+            raise NotFound(f"model {model_id!r} has a corrupt manifest: {exc}") from None
+        if manifest.id != model_id or manifest.schema != MANIFEST_SCHEMA:
+            raise NotFound(f"model {model_id!r} manifest does not match its file name or schema")
+        return manifest
+
+    def manifests(self) -> list[ModelManifest]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for path in sorted(self.root.glob("*.json")):
+            with contextlib.suppress(NotFound, InvalidRequest):
+                out.append(self.get(path.stem))
+        return out
+
+    def import_files(
+        self,
+        paths: list[Path],
+        *,
+        model_id: str,
+        backend: str,
+        options: dict[str, Any] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> ModelManifest:
+        """Hash ``paths`` and record (or replace) the manifest for ``model_id``."""
+        validate_model_id(model_id)
+        if not paths:
+            raise InvalidRequest("a model needs at least one file")
+        files = []
+        for raw in paths:
+            path = raw.expanduser().absolute()
+            if not path.is_file():
+                raise InvalidRequest(f"{raw} is not a regular file")
+            size, digest = _hash_file(path, progress)
+            files.append(ModelFile(path=str(path), size=size, sha256=digest))
+        manifest = ModelManifest(
+            schema=MANIFEST_SCHEMA,
+            id=model_id,
+            backend=backend,
+            files=tuple(files),
+            identity=identity_of(tuple(files)),
+            created_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            options=options or {},
+        )
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _atomic_write(self._path(model_id), msgspec.json.encode(manifest))
+        return manifest
+
+    def remove(self, model_id: str) -> ModelManifest:
+        manifest = self.get(model_id)
+        self._path(model_id).unlink()
+        return manifest
+
+    def verify_unchanged(self, manifest: ModelManifest) -> None:
+        """Cheap check (size) that the referenced files still exist as imported.
+
+        :raises NotFound: a file disappeared or changed size; re-import to get a new identity.
+        """
+        for f in manifest.files:
+            try:
+                size = Path(f.path).stat().st_size
+            except OSError:
+                raise NotFound(
+                    f"model {manifest.id!r}: file {Path(f.path).name} is missing"
+                ) from None
+            if size != f.size:
+                raise NotFound(
+                    f"model {manifest.id!r}: {Path(f.path).name} changed since import; "
+                    "run `werk models import` again"
+                )
