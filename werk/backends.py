@@ -116,6 +116,9 @@ class Runtime:
     :ivar generation: random id of this process generation; states are bound to it.
     :ivar handle: the plugin's own object (process, client, ...). The host never inspects it.
     :ivar alive: ``False`` once the plugin detected that the runtime died.
+    :ivar executable: fingerprint of the backend executable (``sha256:…``; ``""`` in-process).
+    :ivar args: the effective runtime arguments, in order (part of every state's envelope).
+    :ivar cache_layout: the backend's own description of its state layout (opaque to the host).
     """
 
     backend: str
@@ -123,6 +126,9 @@ class Runtime:
     generation: str
     handle: Any = None
     alive: bool = True
+    executable: str = ""
+    args: tuple[str, ...] = ()
+    cache_layout: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
