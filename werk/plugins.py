@@ -198,6 +198,9 @@ class WerkPluginManager(pluggy.PluginManager):
         try:
             results = self._only(record.plugin, "werk_capabilities")(context=context)
             rows = [row for result in results if result for row in result]
+            for row in rows:
+                if not isinstance(row, CapabilityReport):
+                    raise TypeError(f"returned {type(row).__name__}, not a CapabilityReport")
         except Exception as exc:
             log.exception("capability discovery failed in %s", record.name)
             return [
@@ -211,8 +214,6 @@ class WerkPluginManager(pluggy.PluginManager):
             ]
         out: list[CapabilityReport] = []
         for row in rows:
-            if not isinstance(row, CapabilityReport):
-                raise TypeError(f"{record.name} returned {type(row).__name__}, not a report")
             out.append(
                 CapabilityReport(
                     id=row.id,

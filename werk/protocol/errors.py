@@ -81,11 +81,14 @@ HTTP_STATUS: dict[ErrorCode, int] = {
 
 
 class ErrorDetail(Response, frozen=True, kw_only=True, omit_defaults=True):
-    """The ``error`` member of an error body. ``capability`` only when a gate caused it."""
+    """The ``error`` member of an error body. ``capability`` only when a gate caused it.
+
+    ``retryable`` has no default so that ``omit_defaults`` never drops ``"retryable": false``.
+    """
 
     code: ErrorCode
     message: str
-    retryable: bool = False
+    retryable: bool
     request_id: str | None = None
     capability: str | None = None
 
