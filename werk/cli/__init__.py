@@ -5,7 +5,7 @@ Exit codes scripts can rely on: 0 success, 1 an error Werk reported, 2 a usage e
 
 from __future__ import annotations
 
-from . import local  # noqa: F401  (registers the local commands)
+from . import local, models, serve  # noqa: F401  (registers the commands)
 from ._app import app
 
 __all__ = ["app", "main"]

@@ -123,6 +123,8 @@ class WerkError(Exception):
         self.message = message
         self.capability = capability
         self.retryable = self.default_retryable if retryable is None else retryable
+        self.request_id: str | None = None
+        """Set by the bundled client from the server's error body."""
 
     @property
     def http_status(self) -> int:

@@ -1,0 +1,107 @@
+"""``werk models``: the local model registry (manifests under WERK_HOME/models)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..config import werk_home
+from ..models import ModelRegistry
+from ..plugins import get_plugin_manager
+from ..protocol import InvalidRequest
+from ._app import app
+from ._output import emit_json, print_table, reporting_errors
+
+models_app = typer.Typer(
+    help="Import, list and remove models. A model is a manifest of files with SHA-256 digests; "
+    "its identity changes whenever its files do.",
+    no_args_is_help=True,
+)
+app.add_typer(models_app, name="models")
+
+JSON_HELP = "Print JSON instead of a table."
+
+
+def _backend_for(paths: list[Path], backend: str | None) -> str:
+    pm = get_plugin_manager()
+    if backend is not None:
+        if backend not in pm.backends:
+            known = ", ".join(sorted(pm.backends)) or "none"
+            raise InvalidRequest(f"no loaded plugin provides backend {backend!r} (loaded: {known})")
+        return backend
+    suffixes = {p.suffix.lower().lstrip(".") for p in paths}
+    matches = sorted(
+        name for name, d in pm.backends.items() if suffixes and suffixes <= set(d.formats)
+    )
+    if len(matches) != 1:
+        raise InvalidRequest(
+            "cannot infer the backend from the file type; pass --backend "
+            f"({', '.join(sorted(pm.backends)) or 'no backends loaded'})"
+        )
+    return matches[0]
+
+
+@models_app.command("list")
+def list_models(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """List imported models."""
+    manifests = ModelRegistry(werk_home()).manifests()
+    if as_json:
+        emit_json({"models": manifests})
+        return
+    if not manifests:
+        typer.echo("No models imported. Try `werk models import PATH --id ID`.")
+        return
+    print_table(
+        "Models",
+        ["ID", "BACKEND", "SIZE", "IDENTITY", "FILES"],
+        [
+            (
+                m.id,
+                m.backend,
+                f"{sum(f.size for f in m.files) / 2**20:.1f} MiB",
+                m.identity[:19] + "…",
+                ", ".join(Path(f.path).name for f in m.files),
+            )
+            for m in manifests
+        ],
+    )
+
+
+@models_app.command("import")
+def import_model(
+    paths: list[Path] = typer.Argument(..., help="Model file(s), e.g. a .gguf file."),
+    model_id: str = typer.Option(..., "--id", help="The id clients will use (e.g. 'demo')."),
+    backend: str | None = typer.Option(None, help="Backend name; inferred from the file type."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Record a manifest for PATH under --id (files are referenced in place, not copied).
+
+    Re-importing under the same id replaces the manifest; changed files give a new identity,
+    so a running server starts a new backend process for them.
+    """
+    with reporting_errors(as_json):
+        chosen = _backend_for(paths, backend)
+        manifest = ModelRegistry(werk_home()).import_files(paths, model_id=model_id, backend=chosen)
+    if as_json:
+        emit_json(manifest)
+    else:
+        typer.echo(f"imported {manifest.id} ({manifest.backend}) identity {manifest.identity}")
+
+
+@models_app.command("remove")
+def remove_model(
+    model_id: str = typer.Argument(..., help="The model id."),
+    execute: bool = typer.Option(False, "--execute", help="Actually remove (default: preview)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Remove a model's manifest (never its files). Previews unless --execute."""
+    with reporting_errors(as_json):
+        registry = ModelRegistry(werk_home())
+        manifest = registry.remove(model_id) if execute else registry.get(model_id)
+    if as_json:
+        emit_json({"executed": execute, "model": manifest})
+    elif execute:
+        typer.echo(f"removed manifest of {manifest.id}; files left in place")
+    else:
+        typer.echo(f"would remove manifest of {manifest.id}; run again with --execute")
