@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -22,8 +25,15 @@ __all__ = ["build_app"]
 
 
 def build_app(control: WerkControl, auth: Authenticator) -> Starlette:
-    """Assemble the application. The caller owns ``control``'s lifecycle."""
+    """Assemble the application. Its lifespan closes ``control`` (stopping every runtime)."""
     document = encode(openapi_document())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await control.aclose()
 
     async def openapi(request: Request) -> Response:
         try:
@@ -42,6 +52,7 @@ def build_app(control: WerkControl, auth: Authenticator) -> Starlette:
             *openai_routes(control, auth),
         ],
         exception_handlers={HTTPException: http_error},
+        lifespan=lifespan,
     )
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -1,0 +1,176 @@
+"""``werk serve``: the HTTP server for /v1 and /werk/v1."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import typer
+
+from ..config import werk_home
+from ..models import ModelRegistry
+from ..plugins import get_plugin_manager
+from ..protocol import (
+    TTL_MAX_SECONDS,
+    TTL_MIN_SECONDS,
+    AuthMode,
+    PersistenceDefaults,
+    Retention,
+    Reuse,
+    WerkError,
+)
+from ._app import app
+
+API_KEYS_ENV = "WERK_API_KEYS"
+
+
+def persistence_defaults(
+    *,
+    persistence: bool,
+    mode: Retention | None,
+    reuse: Reuse | None,
+    ttl_seconds: int | None,
+    pin: bool,
+) -> PersistenceDefaults | None:
+    """The server's Prefill defaults. Any granular flag implies ``--persistence``; alone it
+    means auto retention, prefer reuse, no TTL, no pin, and the experimental opt-in."""
+    granular = mode is not None or reuse is not None or ttl_seconds is not None or pin
+    if not (persistence or granular):
+        return None
+    if ttl_seconds is not None and not TTL_MIN_SECONDS <= ttl_seconds <= TTL_MAX_SECONDS:
+        raise typer.BadParameter(
+            f"must be between {TTL_MIN_SECONDS} and {TTL_MAX_SECONDS}",
+            param_hint="--persistence-ttl-seconds",
+        )
+    return PersistenceDefaults(
+        retention=mode or Retention.AUTO,
+        reuse=reuse or Reuse.PREFER,
+        ttl_seconds=ttl_seconds,
+        pin=pin,
+        allow_experimental=True,
+    )
+
+
+def collect_api_keys(keys: list[str], key_file: Path | None) -> list[str]:
+    collected = [k.strip() for k in keys if k.strip()]
+    if key_file is not None:
+        try:
+            text = key_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot read {key_file}: {exc.strerror}") from None
+        collected += [
+            line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+        ]
+    collected += [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
+    return collected
+
+
+@app.command()
+def serve(
+    model: list[str] = typer.Option(
+        [], "--model", help="Serve this imported model id (repeatable). See `werk models list`."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Bind address. Non-loopback requires an API key."),
+    port: int = typer.Option(11434, min=0, max=65535, help="TCP port (0 picks a free one)."),
+    api_key: list[str] = typer.Option(
+        [],
+        "--api-key",
+        help=f"Accept this API key (repeatable). Also: --api-key-file, {API_KEYS_ENV}=k1,k2.",
+    ),
+    api_key_file: Path | None = typer.Option(
+        None, "--api-key-file", help="File with one API key per line ('#' comments)."
+    ),
+    insecure_no_auth: bool = typer.Option(
+        False, "--insecure-no-auth", help="Allow a non-loopback bind without any API key. Unsafe."
+    ),
+    persistence: bool = typer.Option(
+        False,
+        "--persistence",
+        help="Prefill defaults: auto retention, prefer reuse, no TTL, no pin, experimental opt-in.",
+    ),
+    persistence_mode: Retention | None = typer.Option(
+        None, "--persistence-mode", help="Default retention (implies --persistence)."
+    ),
+    persistence_reuse: Reuse | None = typer.Option(
+        None, "--persistence-reuse", help="Default reuse (implies --persistence)."
+    ),
+    persistence_ttl_seconds: int | None = typer.Option(
+        None,
+        "--persistence-ttl-seconds",
+        help=f"Default TTL, {TTL_MIN_SECONDS}..{TTL_MAX_SECONDS} s (implies --persistence).",
+    ),
+    persistence_pin: bool = typer.Option(
+        False, "--persistence-pin", help="Pin new states by default (implies --persistence)."
+    ),
+    log_level: str = typer.Option("warning", help="uvicorn log level."),
+) -> None:
+    """Serve the OpenAI-compatible /v1 API and Werk Protocol 1.0 under /werk/v1.
+
+    Without an API key the server binds loopback only, runs in unauthenticated local mode
+    (one shared `local` principal: not an isolation boundary) and refuses requests whose Host
+    header is not a loopback name. Stop it with Ctrl+C or SIGTERM; owned backends are stopped.
+    """
+    from ..control.service import LocalControlService, ServiceConfig
+    from ..http.app import build_app
+    from ..http.auth import Authenticator
+    from ..http.guard import is_loopback_host
+    from ..http.server import make_server
+    from ..state.principals import NamespaceKey, principal_for_api_key
+
+    defaults = persistence_defaults(
+        persistence=persistence,
+        mode=persistence_mode,
+        reuse=persistence_reuse,
+        ttl_seconds=persistence_ttl_seconds,
+        pin=persistence_pin,
+    )
+    keys = collect_api_keys(api_key, api_key_file)
+    if not keys and not is_loopback_host(host):
+        if not insecure_no_auth:
+            typer.echo(
+                f"error: refusing to bind {host} without an API key. Give --api-key / "
+                f"--api-key-file / {API_KEYS_ENV}, bind 127.0.0.1, or pass --insecure-no-auth.",
+                err=True,
+            )
+            raise typer.Exit(2)
+        typer.echo(
+            f"WARNING: serving {host} WITHOUT AUTHENTICATION (--insecure-no-auth). Anyone who "
+            "can reach this port shares one principal and all of its states.",
+            err=True,
+        )
+    home = werk_home()
+    try:
+        namespace_key = NamespaceKey.load_or_create(home)
+        registry = ModelRegistry(home)
+        manifests = [registry.get(m) for m in model]
+        for manifest in manifests:
+            registry.verify_unchanged(manifest)
+        pm = get_plugin_manager()
+        auth = Authenticator(keys, lambda k: principal_for_api_key(namespace_key, k))
+        service = LocalControlService(
+            pm,
+            ServiceConfig(
+                home=home,
+                models=manifests,
+                auth_mode=auth.mode,
+                namespace_key=namespace_key,
+                persistence_defaults=defaults,
+            ),
+        )
+    except WerkError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+    server = make_server(build_app(service, auth), host=host, port=port, log_level=log_level)
+    signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
+    shown = ", ".join(f"{m.id} ({m.backend})" for m in manifests) or "none"
+    mode = "API keys" if auth.mode is AuthMode.API_KEY else "unauthenticated local mode"
+    typer.echo(f"werk: serving on http://{host}:{port} ({mode}); WERK_HOME={home}", err=True)
+    typer.echo(f"werk: models: {shown}", err=True)
+    if not manifests:
+        typer.echo(
+            "werk: no models configured; import one with `werk models import PATH --id ID` "
+            "and pass --model ID",
+            err=True,
+        )
+    server.run()

@@ -1,0 +1,357 @@
+"""Prefill and decode: policy, reuse, gating, persistence and single-use handoffs.
+
+Prefill order (seed "Prefill/decode handoff"): resolve the effective policy; start or find the
+runtime; gate ``runtime.pd.prefill``; look up reusable states; **reserve a handoff slot before
+any backend or persistence work** (rolled back on failure); run the backend; keep the named
+state per the retention tier; issue the token.
+
+Decode order: **consume the handoff before calling the backend** (single use even if decode
+fails); run the backend; bound the completion text to 1 MiB of UTF-8; reuse the held slot for a
+replacement token or release it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..backends import (
+    BackendState,
+    DecodeCall,
+    DecodeOutcome,
+    ModelSpec,
+    Operation,
+    PrefillCall,
+    PrefillOutcome,
+    Runtime,
+    StateKind,
+)
+from ..protocol import (
+    CapabilityId,
+    DecodeRequest,
+    DecodeResponse,
+    DecodeUsage,
+    PrefillRequest,
+    PrefillResponse,
+    PrefillUsage,
+    ReuseInfo,
+    ReuseOutcome,
+    StateSummary,
+    Tier,
+    Unavailable,
+)
+from ..state.envelope import Envelope
+from ..state.handoffs import HandoffBinding, bound_completion_text
+from ..state.policy import (
+    classify_candidates,
+    decide_reuse,
+    effective_prefill_policy,
+    resolve_retention,
+)
+from ..state.principals import prompt_fingerprint
+from .gates import gate
+
+if TYPE_CHECKING:
+    from .service import LocalControlService
+
+__all__ = ["PrefillFlow"]
+
+log = logging.getLogger("werk.control")
+
+
+@dataclass(frozen=True)
+class _Reusable:
+    state_id: str
+    payload: BackendState
+    summary: StateSummary
+
+
+@dataclass(frozen=True)
+class _Live:
+    """What a handoff carries to decode (opaque to the registry)."""
+
+    model: str
+    state: BackendState
+
+
+class PrefillFlow:
+    def __init__(self, service: LocalControlService) -> None:
+        self.s = service
+
+    # -- prefill -----------------------------------------------------------------------------
+
+    def _fingerprint(self, principal: str, spec: ModelSpec, request: PrefillRequest) -> str:
+        # The envelope is deliberately not part of the fingerprint: a state produced by another
+        # runtime must be *found* so it can be reported as incompatible, not as a miss.
+        messages = (
+            [(m.role, m.content) for m in request.messages]
+            if request.messages is not None
+            else None
+        )
+        return prompt_fingerprint(
+            self.s.config.namespace_key,
+            principal,
+            model=spec.id,
+            envelope_digest="",
+            prompt=request.prompt,
+            messages=messages,
+        )
+
+    async def _find_reusable(
+        self,
+        principal: str,
+        fingerprint: str,
+        envelope: Envelope,
+        runtime: Runtime,
+        allow_experimental: bool,
+    ) -> tuple[list[Envelope], _Reusable | None]:
+        """Envelopes of every candidate state, and a loaded compatible one if any."""
+        volatile = self.s.volatile.find(principal, fingerprint)
+        stored = await anyio.to_thread.run_sync(
+            lambda: self.s.catalog.find(principal, fingerprint=fingerprint)
+        )
+        envelopes = [v.envelope for v in volatile] + [s.envelope for s in stored]
+        for entry in volatile:
+            if entry.envelope.compatible_with(envelope):
+                self.s.volatile.touch(entry)
+                return envelopes, _Reusable(entry.id, entry.state, entry.summary(reusable=True))
+        for stored_state in stored:
+            if not stored_state.envelope.compatible_with(envelope):
+                continue
+            rows = self.s.rows_for(runtime.model, runtime)
+            gate(rows, CapabilityId.STATE_RESTORE, allow_experimental=allow_experimental)
+            live = await self._restore(principal, stored_state.id, runtime)
+            summary = stored_state.summary(reusable=True)
+            return envelopes, _Reusable(stored_state.id, live, summary)
+        return envelopes, None
+
+    async def _restore(self, principal: str, state_id: str, runtime: Runtime) -> BackendState:
+        """Hand a hash-verified payload to the backend and mark it loaded only on success."""
+        path = await anyio.to_thread.run_sync(lambda: self._materialize(principal, state_id))
+        try:
+            payload = BackendState(kind=StateKind.FILE, path=path, generation=runtime.generation)
+            restored: BackendState = await self.s.pm.call_operation(
+                Operation.RESTORE, runtime, payload=payload
+            )
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        await anyio.to_thread.run_sync(lambda: self.s.catalog.mark_loaded(principal, state_id))
+        return restored
+
+    def _materialize(self, principal: str, state_id: str) -> Path:
+        """Copy the hash-verified payload to a private file the backend may consume (move or
+        read); the host deletes it afterwards if it is still there."""
+        scratch = self.s.config.home / "tmp"
+        scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target = scratch / f"restore-{secrets.token_hex(12)}.bin"
+        with self.s.catalog.open_payload(principal, state_id) as source:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as sink:
+                shutil.copyfileobj(source, sink, 1024 * 1024)
+        return target
+
+    async def prefill(self, principal: str, request: PrefillRequest) -> PrefillResponse:
+        spec = self.s.spec(request.model)
+        effective = effective_prefill_policy(request, self.s.config.persistence_defaults)
+        policy, allow = effective.policy, effective.allow_experimental
+        runtime = await self.s.runtimes.get(spec)
+        self.s.forget_dead_generations()
+        gate(
+            self.s.rows_for(spec, runtime),
+            CapabilityId.PD_PREFILL,
+            allow_experimental=allow,
+            probe_on_use=True,
+        )
+        envelope = self.s.envelope_for(runtime, principal)
+        fingerprint = self._fingerprint(principal, spec, request)
+
+        reused: _Reusable | None = None
+        if policy.reuse.value != "disabled":
+            envelopes, reused = await self._find_reusable(
+                principal, fingerprint, envelope, runtime, allow
+            )
+            outcome_kind = decide_reuse(policy.reuse, classify_candidates(envelope, envelopes))
+        else:
+            outcome_kind = ReuseOutcome.DISABLED
+
+        with self.s.handoffs.reserve(principal) as reservation:
+            outcome: PrefillOutcome = await self.s.pm.call_operation(
+                Operation.PREFILL,
+                runtime,
+                call=PrefillCall(
+                    prompt=request.prompt,
+                    messages=request.messages,
+                    policy=policy,
+                    keep=policy.retention.value != "ephemeral",
+                    reuse_from=reused.payload if reused is not None else None,
+                ),
+            )
+            # The probe (if any) ran inside the backend call: gate on the statuses as they are now.
+            rows = self.s.rows_for(spec, runtime)
+            gate(rows, CapabilityId.PD_PREFILL, allow_experimental=allow)
+            gate(rows, CapabilityId.PD_HANDOFF, allow_experimental=allow)
+            statuses = {row.id: row.status for row in rows}
+            summary: StateSummary | None
+            state_id: str | None
+            if reused is not None:
+                summary, state_id = reused.summary, reused.state_id
+            else:
+                tier = resolve_retention(policy, statuses, allow_experimental=allow)
+                summary = await self._keep(
+                    principal,
+                    spec,
+                    runtime,
+                    envelope,
+                    fingerprint,
+                    outcome.state,
+                    tier,
+                    policy.ttl_seconds,
+                    policy.pin,
+                )
+                state_id = summary.id if summary is not None else None
+            issued = reservation.issue(
+                HandoffBinding(
+                    envelope=envelope,
+                    payload=_Live(model=spec.id, state=outcome.state),
+                    state_id=state_id,
+                )
+            )
+        return PrefillResponse(
+            state=summary,
+            handoff=issued.to_protocol(),
+            reuse=ReuseInfo(
+                outcome=outcome_kind, state_id=reused.state_id if reused is not None else None
+            ),
+            usage=PrefillUsage(
+                prompt_tokens=outcome.prompt_tokens, cached_tokens=outcome.cached_tokens
+            ),
+        )
+
+    async def _keep(
+        self,
+        principal: str,
+        spec: ModelSpec,
+        runtime: Runtime,
+        envelope: Envelope,
+        fingerprint: str,
+        state: BackendState,
+        tier: Tier | None,
+        ttl_seconds: int | None,
+        pin: bool,
+    ) -> StateSummary | None:
+        """Keep the evaluated prefix as a named state in ``tier`` (``None``: ephemeral)."""
+        if tier is None:
+            return None
+        if tier is Tier.BACKEND:
+            entry = self.s.volatile.add(
+                principal=principal,
+                envelope=envelope,
+                model=spec.id,
+                backend=spec.backend,
+                fingerprint=fingerprint,
+                state=state,
+                ttl_seconds=ttl_seconds,
+                pinned=pin,
+            )
+            return entry.summary(reusable=True)
+        if tier is not Tier.DISK:
+            raise Unavailable(
+                f"tier {tier} has no Werk store", capability=f"runtime.state.tier.{tier}"
+            )
+        exported: BackendState = await self.s.pm.call_operation(
+            Operation.SNAPSHOT, runtime, state=state
+        )
+        with _owned_payload(exported) as payload:
+            stored = await anyio.to_thread.run_sync(
+                lambda: self.s.catalog.commit(
+                    principal,
+                    envelope=envelope,
+                    model=spec.id,
+                    backend=spec.backend,
+                    tier=Tier.DISK,
+                    fingerprint=fingerprint,
+                    payload=payload,
+                    ttl_seconds=ttl_seconds,
+                    pinned=pin,
+                    logical_bytes=exported.logical_bytes,
+                )
+            )
+        return stored.summary(reusable=True)
+
+    # -- decode ------------------------------------------------------------------------------
+
+    async def decode(self, principal: str, request: DecodeRequest) -> DecodeResponse:
+        self.s.forget_dead_generations()
+        consumed = self.s.handoffs.consume(
+            principal, request.handoff, generation=self.s.runtimes.generations()
+        )
+        with consumed:
+            live: _Live = consumed.binding.payload
+            runtime = self.s.runtimes.by_generation(consumed.binding.envelope.generation)
+            if runtime is None or not runtime.alive:
+                raise Unavailable(
+                    "the runtime that produced this handoff is gone",
+                    capability=CapabilityId.PD_DECODE,
+                )
+            rows = self.s.rows_for(runtime.model, runtime)
+            # The opt-in was given at prefill; decode accepts supported or experimental.
+            gate(rows, CapabilityId.PD_DECODE, allow_experimental=True)
+            outcome: DecodeOutcome = await self.s.pm.call_operation(
+                Operation.DECODE,
+                runtime,
+                call=DecodeCall(
+                    state=live.state,
+                    max_tokens=request.max_tokens,
+                    temperature=request.temperature,
+                    seed=request.seed,
+                    stop=request.stop,
+                ),
+            )
+            text = bound_completion_text(outcome.text)
+            handoff = None
+            if outcome.state is not None:
+                issued = consumed.replace(
+                    HandoffBinding(
+                        envelope=consumed.binding.envelope,
+                        payload=_Live(model=live.model, state=outcome.state),
+                        state_id=consumed.binding.state_id,
+                    )
+                )
+                handoff = issued.to_protocol()
+        return DecodeResponse(
+            text=text,
+            finish_reason=outcome.finish_reason,
+            usage=DecodeUsage(completion_tokens=outcome.completion_tokens),
+            state=None,
+            handoff=handoff,
+        )
+
+
+@contextlib.contextmanager
+def _owned_payload(exported: BackendState) -> Iterator[Any]:
+    """The catalog input for an exported state; a FILE payload is deleted after the commit
+    (the host owns it once ``werk_snapshot`` returns)."""
+    if exported.kind is StateKind.BYTES and exported.data is not None:
+        yield [exported.data]
+        return
+    if exported.kind is StateKind.FILE and exported.path is not None:
+        try:
+            yield exported.path
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                exported.path.unlink()
+        return
+    raise Unavailable(
+        "the backend's snapshot is not a bytes or file payload",
+        capability=CapabilityId.STATE_PERSISTENCE,
+    )

@@ -1,0 +1,310 @@
+"""The local control service: Werk Protocol 1.0 implemented over the plugins and the store.
+
+It resolves the caller's view (principal), applies policy defaults, gates capabilities, keeps the
+catalog, the volatile index and the handoff registry, and delegates to the owning backend
+through the hooks. It never interprets a backend's state. Blocking file work runs in worker
+threads so the event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+
+from .._version import PROTOCOL_VERSION, __version__
+from ..backends import CapabilityContext, ModelSpec, OpenAICall, OpenAIReply, Operation, Runtime
+from ..capabilities import compose_capabilities
+from ..memory.manager import MemoryManager
+from ..models import ModelManifest
+from ..plugins import WerkPluginManager
+from ..protocol import (
+    AuthMode,
+    CapabilitiesResponse,
+    CapabilityId,
+    CapabilityReport,
+    CapabilityStatus,
+    DecodeRequest,
+    DecodeResponse,
+    ExpertActionRequest,
+    ExpertActionResult,
+    ExpertList,
+    InfoResponse,
+    InvalidRequest,
+    JobRecord,
+    MemoryResponse,
+    ModelInfo,
+    ModelList,
+    ModelRef,
+    NotFound,
+    PersistenceDefaults,
+    PinRequest,
+    PinResult,
+    PrefillRequest,
+    PrefillResponse,
+    PruneRequest,
+    PruneResult,
+    ResidencyRequest,
+    ResidencyResult,
+    ServerInfo,
+    StateList,
+    StateSummary,
+    TierRequest,
+    TierResult,
+    Unsupported,
+)
+from ..state.catalog import StateCatalog
+from ..state.envelope import Envelope
+from ..state.handoffs import HandoffRegistry
+from ..state.principals import NamespaceKey
+from .clock import rfc3339
+from .gates import gate, status_of
+from .interface import StateQuery, WerkControl
+from .prefill import PrefillFlow
+from .runtimes import RuntimeManager
+from .states import StateViews
+from .volatile import VolatileStates
+
+__all__ = ["LocalControlService", "ServiceConfig"]
+
+log = logging.getLogger("werk.control")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """What ``werk serve`` decided at startup."""
+
+    home: Path
+    models: Sequence[ModelManifest]
+    auth_mode: AuthMode
+    namespace_key: NamespaceKey
+    persistence_defaults: PersistenceDefaults | None = None
+
+
+class LocalControlService(WerkControl):
+    """The in-process implementation of :class:`WerkControl`."""
+
+    def __init__(
+        self,
+        pm: WerkPluginManager,
+        config: ServiceConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        memory: MemoryManager | None = None,
+    ) -> None:
+        self.pm = pm
+        self.config = config
+        self.clock = clock
+        self._started_at = rfc3339(clock())
+        self._specs = {m.id: m.spec() for m in config.models}
+        unknown = sorted({s.backend for s in self._specs.values()} - set(pm.backends))
+        if unknown:
+            raise Unsupported(f"no loaded plugin provides backend(s): {', '.join(unknown)}")
+        self.runtimes = RuntimeManager(pm)
+        self.catalog = StateCatalog(config.home, clock=clock)
+        self.volatile = VolatileStates(clock=clock)
+        self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
+        self.memory_manager = memory if memory is not None else MemoryManager()
+        self.states = StateViews(self)
+        self.flow = PrefillFlow(self)
+
+    # -- shared helpers ----------------------------------------------------------------------
+
+    def spec(self, model: str) -> ModelSpec:
+        try:
+            return self._specs[model]
+        except KeyError:
+            raise NotFound(f"model {model!r} is not served here") from None
+
+    def rows_for(self, spec: ModelSpec, runtime: Runtime | None) -> list[CapabilityReport]:
+        """The capability rows of one model now (after any probe the runtime has run)."""
+        return self.pm.capabilities(
+            CapabilityContext(backend=spec.backend, model=spec, runtime=runtime)
+        )
+
+    def envelope_for(self, runtime: Runtime, principal: str) -> Envelope:
+        record = self.pm.owner_of(runtime.backend)
+        return Envelope(
+            adapter=record.name,
+            adapter_version=record.version or "",
+            backend=runtime.backend,
+            executable=runtime.executable,
+            model_identity=runtime.model.identity,
+            runtime_args=tuple(runtime.args),
+            cache_layout=runtime.cache_layout,
+            generation=runtime.generation,
+            principal=principal,
+        )
+
+    def live_envelope(self, model: str, principal: str) -> Envelope | None:
+        runtime = self.runtimes.live().get(model)
+        return self.envelope_for(runtime, principal) if runtime is not None else None
+
+    def forget_dead_generations(self) -> None:
+        """Drop volatile states and handoffs of process generations that ended."""
+        live = self.runtimes.generations()
+        self.volatile.drop_generations(live)
+        for generation in self.runtimes.take_retired():
+            self.handoffs.drop_generation(generation)
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    async def info(self) -> InfoResponse:
+        return InfoResponse(
+            protocol=PROTOCOL_VERSION,
+            werk_version=__version__,
+            server=ServerInfo(started_at=self._started_at, auth=self.config.auth_mode),
+            plugins=self.pm.plugin_rows(),
+            models=[ModelRef(id=s.id, backend=s.backend) for s in self._specs.values()],
+            persistence_defaults=self.config.persistence_defaults,
+        )
+
+    async def capabilities(self, *, model: str | None = None) -> CapabilitiesResponse:
+        self.forget_dead_generations()
+        rows = await anyio.to_thread.run_sync(
+            lambda: compose_capabilities(
+                self.pm, list(self._specs.values()), self.runtimes.live(), model=model
+            )
+        )
+        rows.append(self.memory_manager.reservations_capability())
+        return CapabilitiesResponse(protocol=PROTOCOL_VERSION, capabilities=rows)
+
+    async def memory(self) -> MemoryResponse:
+        return await anyio.to_thread.run_sync(self.memory_manager.snapshot)
+
+    # -- models ------------------------------------------------------------------------------
+
+    async def models(self) -> ModelList:
+        live = self.runtimes.live()
+        return ModelList(
+            models=[
+                ModelInfo(
+                    id=s.id,
+                    backend=s.backend,
+                    identity=s.identity,
+                    resident=(s.id in live) if self.runtimes.can_start(s.backend) else None,
+                )
+                for s in self._specs.values()
+            ]
+        )
+
+    async def set_residency(
+        self, model: str, request: ResidencyRequest, *, resident: bool
+    ) -> ResidencyResult:
+        spec = self.spec(model)
+        runtime = self.runtimes.live().get(model)
+        gate(self.rows_for(spec, runtime), CapabilityId.MODEL_RESIDENCY, allow_experimental=False)
+        if request.dry_run:
+            return ResidencyResult(model=model, resident=runtime is not None)
+        if resident:
+            await self.runtimes.get(spec)
+        else:
+            await self.runtimes.stop(model)
+            self.forget_dead_generations()
+        return ResidencyResult(model=model, resident=model in self.runtimes.live())
+
+    # -- states ------------------------------------------------------------------------------
+
+    async def list_states(self, principal: str, query: StateQuery) -> StateList:
+        return await self.states.listing(principal, query)
+
+    async def inspect_state(self, principal: str, state_id: str) -> StateSummary:
+        return await self.states.inspect(principal, state_id)
+
+    async def prune_states(self, principal: str, request: PruneRequest) -> PruneResult:
+        return await self.states.prune(principal, request)
+
+    async def pin_state(self, principal: str, state_id: str, request: PinRequest) -> PinResult:
+        return await self.states.pin(principal, state_id, request)
+
+    async def tier_state(self, principal: str, state_id: str, request: TierRequest) -> TierResult:
+        return await self.states.tier(principal, state_id, request)
+
+    # -- prefill / decode --------------------------------------------------------------------
+
+    async def prefill(self, principal: str, request: PrefillRequest) -> PrefillResponse:
+        return await self.flow.prefill(principal, request)
+
+    async def decode(self, principal: str, request: DecodeRequest) -> DecodeResponse:
+        return await self.flow.decode(principal, request)
+
+    # -- experts -----------------------------------------------------------------------------
+
+    def _expert_gate(self, model: str, allow_experimental: bool) -> None:
+        spec = self.spec(model)
+        rows = self.rows_for(spec, self.runtimes.live().get(model))
+        gate(rows, CapabilityId.EXPERTS_RESIDENCY, allow_experimental=allow_experimental)
+
+    async def experts(self, principal: str, model: str) -> ExpertList:
+        self._expert_gate(model, allow_experimental=True)
+        raise Unsupported(
+            "no loaded adapter reports expert residency observations",
+            capability=CapabilityId.EXPERTS_RESIDENCY,
+        )
+
+    async def expert_action(
+        self,
+        principal: str,
+        model: str,
+        action: Literal["prefetch", "evict"],
+        request: ExpertActionRequest,
+    ) -> ExpertActionResult:
+        self._expert_gate(model, allow_experimental=request.allow_experimental)
+        raise Unsupported(
+            f"no loaded adapter can {action} experts",
+            capability=CapabilityId.EXPERTS_RESIDENCY,
+        )
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    async def job(self, principal: str, job_id: str) -> JobRecord:
+        raise NotFound("no such job")
+
+    # -- OpenAI /v1 --------------------------------------------------------------------------
+
+    async def openai_models(self) -> dict[str, Any]:
+        created = int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {"id": s.id, "object": "model", "created": created, "owned_by": s.backend}
+                for s in self._specs.values()
+            ],
+        }
+
+    async def openai_request(
+        self,
+        principal: str,
+        route: Literal["chat.completions", "completions"],
+        body: dict[str, Any],
+    ) -> OpenAIReply:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' is required and must be a string")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise InvalidRequest("'stream' must be a boolean")
+        spec = self.spec(model)
+        runtime = await self.runtimes.get(spec)
+        reply: OpenAIReply = await self.pm.call_operation(
+            Operation.OPENAI, runtime, call=OpenAICall(route=route, body=body, stream=stream)
+        )
+        return reply
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        await self.runtimes.aclose()
+
+
+def experimental_rows(rows: Sequence[CapabilityReport]) -> dict[str, CapabilityStatus]:
+    """Statuses by capability id (for retention decisions)."""
+    return {row.id: row.status for row in rows}
+
+
+__all__ += ["experimental_rows", "status_of"]

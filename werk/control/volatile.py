@@ -1,0 +1,161 @@
+"""Volatile named states (tier ``backend``): held live by a backend process, indexed here.
+
+They live exactly as long as the process generation that holds them: when a runtime dies or
+is replaced, its volatile states are dropped. TTL is stronger than pin, as in the disk catalog.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..backends import BackendState
+from ..protocol import NotFound, ResourceExhausted, StateStatus, StateSummary, Tier
+from ..state.envelope import Envelope
+from .clock import rfc3339
+
+__all__ = ["MAX_VOLATILE_PER_PRINCIPAL", "VolatileState", "VolatileStates"]
+
+MAX_VOLATILE_PER_PRINCIPAL = 256
+
+
+@dataclass(kw_only=True, eq=False)
+class VolatileState:
+    id: str
+    principal: str
+    envelope: Envelope
+    model: str
+    backend: str
+    fingerprint: str
+    state: BackendState = field(repr=False)
+    created_at: float
+    expires_at: float | None
+    pinned: bool = False
+    last_accessed_at: float | None = None
+
+    @property
+    def tier(self) -> Tier:
+        return Tier.BACKEND
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def summary(self, *, reusable: bool) -> StateSummary:
+        return StateSummary(
+            id=self.id,
+            model=self.model,
+            backend=self.backend,
+            tier=Tier.BACKEND,
+            status=StateStatus.READY,
+            logical_bytes=self.state.logical_bytes,
+            created_at=rfc3339(self.created_at),
+            last_accessed_at=rfc3339(self.last_accessed_at) if self.last_accessed_at else None,
+            expires_at=rfc3339(self.expires_at) if self.expires_at is not None else None,
+            pinned=self.pinned,
+            reusable=reusable,
+        )
+
+
+class VolatileStates:
+    """A thread-safe, bounded index of volatile states per principal."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_per_principal: int = MAX_VOLATILE_PER_PRINCIPAL,
+    ) -> None:
+        self._clock = clock
+        self._max = max_per_principal
+        self._lock = threading.Lock()
+        self._states: dict[str, VolatileState] = {}
+
+    def add(
+        self,
+        *,
+        principal: str,
+        envelope: Envelope,
+        model: str,
+        backend: str,
+        fingerprint: str,
+        state: BackendState,
+        ttl_seconds: int | None,
+        pinned: bool,
+    ) -> VolatileState:
+        now = self._clock()
+        with self._lock:
+            self._purge(now)
+            if sum(1 for s in self._states.values() if s.principal == principal) >= self._max:
+                raise ResourceExhausted(f"at most {self._max} volatile states per caller")
+            entry = VolatileState(
+                id="st_" + secrets.token_urlsafe(18),
+                principal=principal,
+                envelope=envelope,
+                model=model,
+                backend=backend,
+                fingerprint=fingerprint,
+                state=state,
+                created_at=now,
+                expires_at=now + ttl_seconds if ttl_seconds is not None else None,
+                pinned=pinned,
+            )
+            self._states[entry.id] = entry
+            return entry
+
+    def entries(
+        self, principal: str, *, model: str | None = None, pinned: bool | None = None
+    ) -> list[VolatileState]:
+        now = self._clock()
+        with self._lock:
+            return [
+                s
+                for s in self._states.values()
+                if s.principal == principal
+                and not s.expired(now)
+                and (model is None or s.model == model)
+                and (pinned is None or s.pinned == pinned)
+            ]
+
+    def get(self, principal: str, state_id: str) -> VolatileState:
+        now = self._clock()
+        with self._lock:
+            entry = self._states.get(state_id)
+            if entry is None or entry.principal != principal or entry.expired(now):
+                raise NotFound("no such state")
+            return entry
+
+    def find(self, principal: str, fingerprint: str) -> list[VolatileState]:
+        return [s for s in self.entries(principal) if s.fingerprint == fingerprint]
+
+    def touch(self, entry: VolatileState) -> None:
+        entry.last_accessed_at = self._clock()
+
+    def set_pinned(self, principal: str, state_id: str, pinned: bool) -> VolatileState:
+        entry = self.get(principal, state_id)
+        entry.pinned = pinned
+        return entry
+
+    def remove(self, principal: str, state_id: str) -> None:
+        with self._lock:
+            entry = self._states.get(state_id)
+            if entry is not None and entry.principal == principal:
+                del self._states[state_id]
+
+    def drop_generations(self, live: frozenset[str]) -> int:
+        """Forget states whose process generation is no longer live; returns how many."""
+        with self._lock:
+            dead = [k for k, s in self._states.items() if s.envelope.generation not in live]
+            for key in dead:
+                del self._states[key]
+            return len(dead)
+
+    def purge_expired(self) -> None:
+        with self._lock:
+            self._purge(self._clock())
+
+    def _purge(self, now: float) -> None:
+        for key in [k for k, s in self._states.items() if s.expired(now)]:
+            del self._states[key]
