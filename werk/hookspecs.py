@@ -24,6 +24,7 @@ working); existing arguments are never renamed or removed.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -43,6 +44,9 @@ from .backends import (
 )
 from .protocol.capabilities import CapabilityReport
 
+if TYPE_CHECKING:
+    import typer
+
 PROJECT_NAME = "werk"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -57,6 +61,7 @@ __all__ = [
     "werk_openai",
     "werk_prefill",
     "werk_register_backends",
+    "werk_register_commands",
     "werk_restore",
     "werk_snapshot",
 ]
@@ -82,6 +87,27 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
         @hookimpl
         def werk_register_backends(register):
             register(BackendDescriptor(name="echo", formats=("text",)))
+    """
+
+
+@hookspec
+def werk_register_commands(app: typer.Typer, models: typer.Typer) -> None:
+    """Add command-line commands.
+
+    Called on every loaded plugin when the ``werk`` command starts. A plugin that raises here is
+    reported on stderr and its commands are missing; the other commands keep working.
+
+    :param app: the root ``werk`` typer application (``app.command()`` adds ``werk NAME``).
+    :param models: the ``werk models`` group (``models.command()`` adds ``werk models NAME``).
+    :returns: nothing.
+
+    Example::
+
+        @hookimpl
+        def werk_register_commands(app, models):
+            @models.command("create-demo")
+            def create_demo() -> None:
+                ...
     """
 
 

@@ -5,12 +5,15 @@ Exit codes scripts can rely on: 0 success, 1 an error Werk reported, 2 a usage e
 
 from __future__ import annotations
 
-from . import local, models, serve  # noqa: F401  (registers the commands)
+from . import local, serve  # noqa: F401  (registers the commands)
 from ._app import app
+from .models import models_app
+from .plugin_commands import register_plugin_commands
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "models_app"]
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: plugin commands are added, then the CLI runs."""
+    register_plugin_commands()
     app()

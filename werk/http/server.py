@@ -65,7 +65,11 @@ class HeaderDeadlineProtocol(H11Protocol):
 
 
 def make_server(
-    app: ASGIApp, *, host: str, port: int, header_timeout: float = HEADER_TIMEOUT_SECONDS,
+    app: ASGIApp,
+    *,
+    host: str,
+    port: int,
+    header_timeout: float = HEADER_TIMEOUT_SECONDS,
     log_level: str = "warning",
 ) -> uvicorn.Server:
     """A uvicorn server for ``app``; ``server.run()`` handles SIGINT/SIGTERM gracefully."""
