@@ -1,0 +1,112 @@
+"""werk-vllm: loaded through its real entry point; capability truth with no vLLM process.
+
+Expected rows are the seed's "local vLLM" and "remote vLLM" columns for a machine with no active
+Werk-started process and no configured endpoint: residency and the backend-owned prefix cache
+are ``unavailable``; named states and split prefill/decode are ``unsupported``;
+``runtime.state.restore.cross_restart`` is not advertised at all.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import werk
+from werk import CapabilityContext, CapabilityReport, ModelSpec
+
+UNAVAILABLE, UNSUPPORTED = "unavailable", "unsupported"
+NO_PROCESS_COLUMN = {
+    "runtime.model_residency": UNAVAILABLE,
+    "runtime.state.prefix_cache": UNAVAILABLE,
+    "runtime.state.persistence": UNSUPPORTED,
+    "runtime.state.restore": UNSUPPORTED,
+    "runtime.state.tier.disk": UNSUPPORTED,
+    "runtime.state.tier.ram": UNSUPPORTED,
+    "runtime.state.tier.vram": UNSUPPORTED,
+    "runtime.pd.prefill": UNSUPPORTED,
+    "runtime.pd.decode": UNSUPPORTED,
+    "runtime.pd.handoff": UNSUPPORTED,
+    "runtime.experts.residency": UNSUPPORTED,
+}
+
+
+def _plugin() -> ModuleType:
+    (ep,) = [ep for ep in entry_points(group=werk.ENTRY_POINT_GROUP) if ep.name == "vllm"]
+    assert ep.dist is not None and ep.dist.name == "werk-vllm"
+    module = ep.load()
+    assert isinstance(module, ModuleType) and module.__name__ == "werk_vllm.plugin"
+    return module
+
+
+def _pm() -> werk.WerkPluginManager:
+    return werk.get_plugin_manager(
+        load_entrypoints=False, plugins=[("werk-vllm", _plugin())], environ={}
+    )
+
+
+def _rows(backend: str, model: ModelSpec | None = None) -> list[CapabilityReport]:
+    return _pm().capabilities(CapabilityContext(backend=backend, model=model))
+
+
+def _core(rows: list[CapabilityReport], backend: str) -> dict[str, str]:
+    ids = [r.id for r in rows]
+    assert len(ids) == len(set(ids)), "duplicate capability ids"
+    assert all(i.startswith(("runtime.", f"{backend}.")) for i in ids)
+    assert all(r.backend == backend for r in rows)
+    assert all(r.reason for r in rows if r.status != "supported")
+    return {r.id: r.status.value for r in rows if r.id.startswith("runtime.")}
+
+
+@pytest.fixture
+def path_without_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    return empty
+
+
+def test_registers_local_and_remote_backends() -> None:
+    pm = _pm()
+    assert set(pm.backends) == {"vllm", "vllm-remote"}
+    assert pm.backends["vllm-remote"].formats == ("openai-endpoint",)
+    (row,) = pm.plugin_rows()
+    assert row.status == "loaded" and row.backends == ["vllm", "vllm-remote"]
+    pm.check_pending()
+
+
+def test_local_without_vllm_installed(path_without_vllm: Path) -> None:
+    rows = _rows("vllm")
+    assert _core(rows, "vllm") == NO_PROCESS_COLUMN
+    residency = next(r for r in rows if r.id == "runtime.model_residency")
+    assert "vllm" in (residency.reason or "")
+
+
+def test_local_with_vllm_installed_but_no_process(path_without_vllm: Path) -> None:
+    fake = path_without_vllm / "vllm"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    model = ModelSpec(id="qwen", backend="vllm", identity="sha256:" + "b" * 64)
+    rows = _rows("vllm", model)
+    # An installed CLI is not an active process: still unavailable, never supported.
+    assert _core(rows, "vllm") == NO_PROCESS_COLUMN
+    assert all(r.model == "qwen" for r in rows)
+
+
+def test_remote_without_an_endpoint() -> None:
+    rows = _rows("vllm-remote")
+    assert _core(rows, "vllm-remote") == NO_PROCESS_COLUMN
+    residency = next(r for r in rows if r.id == "runtime.model_residency")
+    assert "endpoint" in (residency.reason or "")
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-remote"])
+def test_cross_restart_restore_is_not_advertised(backend: str) -> None:
+    assert "runtime.state.restore.cross_restart" not in {r.id for r in _rows(backend)}
+
+
+@pytest.mark.parametrize("backend", ["vllm", "vllm-remote"])
+def test_nothing_is_experimental_or_supported_without_a_process(backend: str) -> None:
+    assert {r.status.value for r in _rows(backend)} <= {UNAVAILABLE, UNSUPPORTED}

@@ -1,0 +1,213 @@
+"""The real ``werk`` console script, run as a subprocess exactly as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import werk
+from werk.protocol import CapabilitiesResponse, ErrorBody, PluginInfo, PluginStatus, decode
+
+BIN = Path(sys.executable).parent
+WERK = shutil.which("werk", path=str(BIN))
+BUNDLED = {
+    "werk-llamacpp": ["llamacpp"],
+    "werk-media": ["media"],
+    "werk-omlx": ["omlx"],
+    "werk-vllm": ["vllm", "vllm-remote"],
+}
+SIX_STATUSES = {
+    "supported",
+    "unsupported",
+    "unavailable",
+    "experimental",
+    "externally_managed",
+    "metadata_only",
+}
+
+pytestmark = pytest.mark.skipif(WERK is None, reason="the werk console script is not installed")
+
+
+class PluginList(msgspec.Struct):
+    plugins: list[PluginInfo]
+
+
+def run(*args: str, home: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
+    env.update(WERK_HOME=str(home), NO_COLOR="1", COLUMNS="200", **extra_env)
+    assert WERK is not None
+    return subprocess.run(
+        [WERK, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def test_version(werk_home: Path) -> None:
+    proc = run("--version", home=werk_home)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"werk {werk.__version__} (protocol {werk.PROTOCOL_VERSION})"
+
+
+def test_plugins_json_lists_the_bundled_plugins(werk_home: Path) -> None:
+    proc = run("plugins", "--json", home=werk_home)
+    assert proc.returncode == 0, proc.stderr
+    rows = {p.name: p for p in decode(proc.stdout, PluginList).plugins}
+    assert set(BUNDLED) <= set(rows)
+    for name, backends in BUNDLED.items():
+        row = rows[name]
+        assert row.status is PluginStatus.LOADED, row.error
+        assert row.error is None
+        assert row.version
+        assert row.backends == backends
+        assert {"werk_register_backends", "werk_capabilities"} <= set(row.hooks)
+        assert all(h.startswith("werk_") for h in row.hooks)
+
+
+def test_plugins_table_for_people(werk_home: Path) -> None:
+    proc = run("plugins", home=werk_home)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if "NAME" in line)
+    for column in ("NAME", "VERSION", "STATUS", "BACKENDS", "HOOKS", "ERROR"):
+        assert column in header
+    for name in BUNDLED:
+        (line,) = [ln for ln in lines if ln.split() and ln.split()[0] == name]
+        assert "loaded" in line.split()
+    assert "\x1b[" not in proc.stdout  # no colour codes when stdout is not a terminal
+
+
+def test_plugins_respects_load_plugins(werk_home: Path) -> None:
+    proc = run("plugins", "--json", home=werk_home, WERK_LOAD_PLUGINS="")
+    assert proc.returncode == 0, proc.stderr
+    assert decode(proc.stdout, PluginList).plugins == []
+    proc = run("plugins", "--json", home=werk_home, WERK_LOAD_PLUGINS="werk-vllm")
+    assert [p.name for p in decode(proc.stdout, PluginList).plugins] == ["werk-vllm"]
+
+
+def test_capabilities_json(werk_home: Path) -> None:
+    proc = run("capabilities", "--json", home=werk_home)
+    assert proc.returncode == 0, proc.stderr
+    response = decode(proc.stdout, CapabilitiesResponse)
+    assert response.protocol == werk.PROTOCOL_VERSION
+    rows = response.capabilities
+    assert {r.status.value for r in rows} <= SIX_STATUSES
+    assert all(r.reason for r in rows if r.status.value != "supported")
+    host = {r.id: r for r in rows if r.backend is None}
+    assert {"runtime.memory.telemetry.host", "runtime.memory.telemetry.accelerator"} <= set(host)
+    assert {r.backend for r in rows if r.backend} >= {b for bs in BUNDLED.values() for b in bs}
+
+
+def test_capabilities_table(werk_home: Path) -> None:
+    proc = run("capabilities", home=werk_home)
+    assert proc.returncode == 0, proc.stderr
+    assert "runtime.memory.telemetry.host" in proc.stdout
+    assert "runtime.model_residency" in proc.stdout
+
+
+def test_capabilities_unknown_model(werk_home: Path) -> None:
+    proc = run("capabilities", "--model", "nope", home=werk_home)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert "error:" in proc.stderr and "nope" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_capabilities_unknown_model_json(werk_home: Path) -> None:
+    proc = run("capabilities", "--model", "nope", "--json", home=werk_home)
+    assert proc.returncode == 1
+    body = decode(proc.stdout, ErrorBody)
+    assert body.error.code == "not_found"
+    assert "nope" in body.error.message
+    assert body.error.retryable is False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--bogus",), ("plugins", "--bogus"), ("capabilities", "--model"), ("no-such-command",)],
+    ids=["root-option", "command-option", "missing-value", "unknown-command"],
+)
+def test_usage_errors_exit_2(args: tuple[str, ...], werk_home: Path) -> None:
+    proc = run(*args, home=werk_home)
+    assert proc.returncode == 2
+    assert "Usage:" in proc.stderr or "Error" in proc.stderr
+
+
+def test_read_only_commands_create_no_files(werk_home: Path) -> None:
+    for args in (("plugins",), ("capabilities", "--json")):
+        assert run(*args, home=werk_home).returncode == 0
+    assert list(werk_home.iterdir()) == []
+
+
+# -- plugin commands (werk_register_commands) --------------------------------------------------
+
+COMMANDS_PLUGIN = """
+from werk import hookimpl
+
+
+@hookimpl
+def werk_register_commands(app, models):
+    @app.command("hello")
+    def hello(name: str = "world") -> None:
+        print(f"hello {name} from a plugin")
+
+    @models.command("count-demo")
+    def count_demo() -> None:
+        print("0 demo models")
+"""
+
+BROKEN_COMMANDS_PLUGIN = """
+from werk import hookimpl
+
+
+@hookimpl
+def werk_register_commands(app, models):
+    raise RuntimeError("cannot add commands today")
+"""
+
+
+def _site_with(tmp_path: Path, **modules: str) -> Path:
+    """A directory with real ``*.dist-info`` entries: importlib.metadata finds the plugins."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for module, source in modules.items():
+        (site / f"{module}.py").write_text(source)
+        info = site / f"{module}-0.0.1.dist-info"
+        info.mkdir()
+        dist = module.replace("_", "-")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.1\n")
+        (info / "entry_points.txt").write_text(f"[werk]\n{dist} = {module}\n")
+    return site
+
+
+def test_plugin_adds_commands(tmp_path: Path, werk_home: Path) -> None:
+    site = _site_with(tmp_path, werk_cmds=COMMANDS_PLUGIN)
+    proc = run("hello", "--name", "tester", home=werk_home, PYTHONPATH=str(site))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "hello tester from a plugin"
+    proc = run("models", "count-demo", home=werk_home, PYTHONPATH=str(site))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "0 demo models"
+    listed = run("plugins", "--json", home=werk_home, PYTHONPATH=str(site))
+    row = {p.name: p for p in decode(listed.stdout, PluginList).plugins}["werk-cmds"]
+    assert row.status is PluginStatus.LOADED
+    assert "werk_register_commands" in row.hooks
+
+
+def test_plugin_failing_to_add_commands_does_not_break_the_cli(
+    tmp_path: Path, werk_home: Path
+) -> None:
+    site = _site_with(tmp_path, werk_cmds=COMMANDS_PLUGIN, werk_broken=BROKEN_COMMANDS_PLUGIN)
+    proc = run("hello", home=werk_home, PYTHONPATH=str(site))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "hello world from a plugin"
+    assert "werk-broken" in proc.stderr and "cannot add commands today" in proc.stderr
+    assert run("--version", home=werk_home, PYTHONPATH=str(site)).returncode == 0
+
+
+def test_without_the_plugin_the_command_does_not_exist(werk_home: Path) -> None:
+    assert run("hello", home=werk_home).returncode == 2
