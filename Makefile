@@ -9,7 +9,7 @@ STAMP := $(VENV)/.werk-setup
 PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/werk-media
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: setup serve test lint typecheck pytest clean
+.PHONY: setup llama-server demo serve test lint typecheck pytest clean
 
 $(STAMP): $(PYPROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,9 +19,16 @@ $(STAMP): $(PYPROJECTS)
 
 setup: $(STAMP)
 
-serve: setup
-	$(BIN)/werk plugins
-	$(BIN)/werk capabilities
+# Build (once per llama.cpp source version; cached under ~/.cache/werk) the real llama-server.
+llama-server: setup
+	$(BIN)/python scripts/build_llama_server.py
+
+# The embedded default model: a small generated GGUF imported as `demo` (idempotent).
+demo: llama-server
+	$(BIN)/werk models create-demo --id demo
+
+serve: demo
+	$(BIN)/werk serve --model demo
 
 lint: setup
 	$(BIN)/ruff check .
@@ -29,7 +36,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup
+pytest: setup llama-server
 	$(BIN)/pytest
 
 test: lint typecheck pytest
