@@ -17,6 +17,7 @@ from typing import Any, Literal
 from .protocol.capabilities import CapabilityId
 from .protocol.policy import Policy
 from .protocol.prefill import ChatMessage, FinishReason
+from .protocol.residency import ExpertTier
 
 __all__ = [
     "OPERATION_CAPABILITY",
@@ -27,6 +28,8 @@ __all__ = [
     "DecodeOutcome",
     "ExpertMove",
     "ExpertMoveOutcome",
+    "ExpertObservation",
+    "ExpertReport",
     "ModelSpec",
     "OpenAICall",
     "OpenAIReply",
@@ -46,6 +49,7 @@ class Operation(enum.StrEnum):
     SNAPSHOT = "werk_snapshot"
     RESTORE = "werk_restore"
     MOVE_EXPERTS = "werk_move_experts"
+    OBSERVE_EXPERTS = "werk_observe_experts"
     OPENAI = "werk_openai"
 
 
@@ -55,6 +59,7 @@ OPERATION_CAPABILITY: dict[Operation, CapabilityId] = {
     Operation.SNAPSHOT: CapabilityId.STATE_PERSISTENCE,
     Operation.RESTORE: CapabilityId.STATE_RESTORE,
     Operation.MOVE_EXPERTS: CapabilityId.EXPERTS_RESIDENCY,
+    Operation.OBSERVE_EXPERTS: CapabilityId.EXPERTS_RESIDENCY,
 }
 """The capability an operation hook provides; named in its ``unsupported`` error.
 
@@ -233,6 +238,29 @@ class DecodeOutcome:
     finish_reason: FinishReason
     completion_tokens: int
     state: BackendState | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertObservation:
+    """What a backend reports about one expert. ``nbytes=None``: size not observed."""
+
+    id: str
+    tier: ExpertTier
+    nbytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertReport:
+    """What :func:`werk_observe_experts` returns.
+
+    :ivar experts: the experts the backend observes now, with their tiers and known sizes.
+    :ivar accesses: expert ids routed to since the last report (feeds the hotness score).
+    :ivar complete: ``True`` when ``experts`` lists every expert (unlisted ones are dropped).
+    """
+
+    experts: Sequence[ExpertObservation]
+    accesses: Sequence[str] = ()
+    complete: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,6 +36,7 @@ from .backends import (
     DecodeOutcome,
     ExpertMove,
     ExpertMoveOutcome,
+    ExpertReport,
     OpenAICall,
     OpenAIReply,
     PrefillCall,
@@ -58,6 +59,7 @@ __all__ = [
     "werk_capabilities",
     "werk_decode",
     "werk_move_experts",
+    "werk_observe_experts",
     "werk_openai",
     "werk_prefill",
     "werk_register_backends",
@@ -213,6 +215,19 @@ def werk_move_experts(
     :param runtime: the owning plugin's live runtime.
     :param move: expert ids and the target tier (``vram``, ``ram`` or ``external``).
     :returns: a :class:`werk.ExpertMoveOutcome`.
+    """
+
+
+@hookspec(firstresult=True)
+def werk_observe_experts(runtime: Runtime) -> ExpertReport | Awaitable[ExpertReport] | None:
+    """Report the MoE experts the runtime holds, their tiers and sizes, and recent accesses.
+
+    Provides the observation half of ``runtime.experts.residency``. The host's expert policy
+    engine keeps hotness scores, pins and cooldowns from these reports; it never discovers
+    experts itself. Report only what the backend truly observes: unknown sizes are ``None``.
+
+    :param runtime: the owning plugin's live runtime.
+    :returns: a :class:`werk.ExpertReport`.
     """
 
 

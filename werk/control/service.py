@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,17 +18,28 @@ from typing import Any, Literal
 import anyio
 
 from .._version import PROTOCOL_VERSION, __version__
-from ..backends import CapabilityContext, ModelSpec, OpenAICall, OpenAIReply, Operation, Runtime
+from ..backends import (
+    CapabilityContext,
+    ExpertMove,
+    ExpertMoveOutcome,
+    ExpertReport,
+    ModelSpec,
+    OpenAICall,
+    OpenAIReply,
+    Operation,
+    Runtime,
+)
 from ..capabilities import compose_capabilities
+from ..experts.engine import ExpertEngine
 from ..memory.manager import MemoryManager
 from ..models import ModelManifest
 from ..plugins import WerkPluginManager
 from ..protocol import (
     AuthMode,
+    BackendError,
     CapabilitiesResponse,
     CapabilityId,
     CapabilityReport,
-    CapabilityStatus,
     DecodeRequest,
     DecodeResponse,
     ExpertActionRequest,
@@ -57,13 +68,14 @@ from ..protocol import (
     TierRequest,
     TierResult,
     Unsupported,
+    WerkError,
 )
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
 from ..state.principals import NamespaceKey
 from .clock import rfc3339
-from .gates import gate, status_of
+from .gates import gate
 from .interface import StateQuery, WerkControl
 from .prefill import PrefillFlow
 from .runtimes import RuntimeManager
@@ -110,6 +122,7 @@ class LocalControlService(WerkControl):
         self.volatile = VolatileStates(clock=clock)
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
         self.memory_manager = memory if memory is not None else MemoryManager()
+        self._engines: dict[str, ExpertEngine] = {}
         self.states = StateViews(self)
         self.flow = PrefillFlow(self)
 
@@ -235,17 +248,31 @@ class LocalControlService(WerkControl):
 
     # -- experts -----------------------------------------------------------------------------
 
-    def _expert_gate(self, model: str, allow_experimental: bool) -> None:
+    async def _observed_engine(
+        self, model: str, *, allow_experimental: bool
+    ) -> tuple[Runtime, ExpertEngine]:
+        """Gate ``runtime.experts.residency``, then refresh the model's engine from the
+        backend's own observations (the engine never discovers experts itself)."""
         spec = self.spec(model)
-        rows = self.rows_for(spec, self.runtimes.live().get(model))
-        gate(rows, CapabilityId.EXPERTS_RESIDENCY, allow_experimental=allow_experimental)
+        runtime = self.runtimes.live().get(model)
+        gate(
+            self.rows_for(spec, runtime),
+            CapabilityId.EXPERTS_RESIDENCY,
+            allow_experimental=allow_experimental,
+        )
+        if runtime is None:
+            runtime = await self.runtimes.get(spec)
+        report: ExpertReport = await self.pm.call_operation(Operation.OBSERVE_EXPERTS, runtime)
+        engine = self._engines.setdefault(model, ExpertEngine(model))
+        engine.observe(report.experts, complete=report.complete)
+        for expert_id in report.accesses:
+            engine.record_access(expert_id)
+        return runtime, engine
 
     async def experts(self, principal: str, model: str) -> ExpertList:
-        self._expert_gate(model, allow_experimental=True)
-        raise Unsupported(
-            "no loaded adapter reports expert residency observations",
-            capability=CapabilityId.EXPERTS_RESIDENCY,
-        )
+        # Reading observations changes nothing; an experimental capability may be inspected.
+        _, engine = await self._observed_engine(model, allow_experimental=True)
+        return engine.to_protocol()
 
     async def expert_action(
         self,
@@ -254,11 +281,30 @@ class LocalControlService(WerkControl):
         action: Literal["prefetch", "evict"],
         request: ExpertActionRequest,
     ) -> ExpertActionResult:
-        self._expert_gate(model, allow_experimental=request.allow_experimental)
-        raise Unsupported(
-            f"no loaded adapter can {action} experts",
-            capability=CapabilityId.EXPERTS_RESIDENCY,
+        """Plan (dry run, the default) or apply a bounded expert move. Both need the opt-in:
+        the engine claims the experts before the adapter moves them and changes its metadata
+        only for the experts the adapter reports moved."""
+        runtime, engine = await self._observed_engine(
+            model, allow_experimental=request.allow_experimental
         )
+        if action == "prefetch":
+            plan = engine.plan_prefetch(request.experts, target=request.target)
+        else:
+            plan = engine.plan_evict(request.experts, target=request.target)
+        if request.dry_run or not plan.moves:
+            return engine.result(plan, dry_run=request.dry_run)
+        claim = engine.claim(plan.expert_ids, target=request.target)
+        try:
+            outcome: ExpertMoveOutcome = await self.pm.call_operation(
+                Operation.MOVE_EXPERTS,
+                runtime,
+                move=ExpertMove(expert_ids=claim.expert_ids, target=request.target.value),
+            )
+        except BaseException:
+            engine.abort(claim)
+            raise
+        completion = engine.complete(claim, outcome.moved)
+        return engine.result(plan, dry_run=False, completion=completion)
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -294,6 +340,8 @@ class LocalControlService(WerkControl):
         reply: OpenAIReply = await self.pm.call_operation(
             Operation.OPENAI, runtime, call=OpenAICall(route=route, body=body, stream=stream)
         )
+        if reply.stream is not None:
+            return OpenAIReply(stream=_contained_stream(reply.stream, spec.backend))
         return reply
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -302,9 +350,19 @@ class LocalControlService(WerkControl):
         await self.runtimes.aclose()
 
 
-def experimental_rows(rows: Sequence[CapabilityReport]) -> dict[str, CapabilityStatus]:
-    """Statuses by capability id (for retention decisions)."""
-    return {row.id: row.status for row in rows}
+async def _contained_stream(stream: AsyncIterator[bytes], backend: str) -> AsyncIterator[bytes]:
+    """Relay a backend's streamed ``/v1`` reply, containing its failures like ``call_operation``.
 
+    The stream is consumed after ``call_operation`` returned, so a plain exception raised by the
+    plugin mid-stream would otherwise surface as ``internal`` (a Werk bug). It becomes
+    ``backend_error`` with Werk's own summary; the plugin's text goes only to the server log.
+    """
+    try:
+        async for payload in stream:
+            yield payload
+    except WerkError:
+        raise
+    except Exception:
+        log.exception("the streamed reply of backend %r failed", backend)
+        raise BackendError(f"backend {backend!r} failed while streaming its reply") from None
 
-__all__ += ["experimental_rows", "status_of"]

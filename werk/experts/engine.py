@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..backends import ExpertObservation
 from ..protocol.errors import Conflict, InvalidRequest, NotFound, ResourceExhausted
 from ..protocol.residency import (
     ExpertAction,
@@ -69,15 +70,6 @@ TIER_RANK: dict[ExpertTier, int] = {ExpertTier.EXTERNAL: 0, ExpertTier.RAM: 1, E
 
 class StaleClaim(Conflict):
     """The claim is unknown, already completed or aborted."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExpertObservation:
-    """What a backend reports about one expert. ``nbytes=None``: size not observed."""
-
-    id: str
-    tier: ExpertTier
-    nbytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
