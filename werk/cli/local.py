@@ -6,6 +6,8 @@ import typer
 
 from .._version import PROTOCOL_VERSION
 from ..capabilities import compose_capabilities
+from ..config import werk_home
+from ..models import ModelRegistry
 from ..plugins import get_plugin_manager
 from ..protocol import CapabilitiesResponse
 from ._app import app
@@ -54,12 +56,18 @@ def capabilities(
 ) -> None:
     """Show the capability matrix composed from the installed plugins, right now.
 
+    Imported models (`werk models list`) get per-model rows; a backend with no imported model
+    reports backend-wide rows (model `-`). No runtime is started: rows that need a live
+    process say so.
+
     Statuses are exactly: supported, unsupported, unavailable, experimental,
     externally_managed, metadata_only. Anything but `supported` carries a reason.
     """
     with reporting_errors(as_json):
         pm = get_plugin_manager()
-        rows = compose_capabilities(pm, model=model)
+        imported = [m.spec() for m in ModelRegistry(werk_home()).manifests()]
+        served = [spec for spec in imported if spec.backend in pm.backends]
+        rows = compose_capabilities(pm, served, model=model)
     if as_json:
         emit_json(CapabilitiesResponse(protocol=PROTOCOL_VERSION, capabilities=rows))
         return
