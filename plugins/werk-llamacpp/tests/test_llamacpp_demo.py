@@ -45,7 +45,7 @@ def test_gguf_reads_back_as_llama_with_byte_level_bpe_and_chatml(tmp_path: Path)
     assert _field(reader, "general.architecture") == "llama"
     assert _field(reader, "llama.context_length") >= 2048 + 256
     assert _field(reader, "tokenizer.ggml.model") == "gpt2"
-    assert _field(reader, "tokenizer.ggml.pre") == "gpt2"
+    assert _field(reader, "tokenizer.ggml.pre") == "default"
     tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
     types: list[int] = _field(reader, "tokenizer.ggml.token_type")
     assert len(tokens) == len(types) == _field(reader, "llama.vocab_size")
