@@ -77,7 +77,14 @@ class WerkClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         parts = urlsplit(server)
-        if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+        if (
+            parts.scheme != "http"
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+            or parts.username is not None
+        ):
             raise InvalidRequest(f"server must be http://host[:port], got {server!r}")
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -88,9 +89,9 @@ class WerkServer:
     log_path: Path
     api_keys: Sequence[str] = field(default_factory=list)
 
-    def client(self, key: str | None = None, **kwargs: object) -> httpx.Client:
+    def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kwargs)  # type: ignore[arg-type]
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kwargs)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,44 @@ def auth_server(werk_home: Path, testkv_site: Path) -> Iterator[WerkServer]:
     ) as server:
         server.api_keys = [KEY_A, KEY_B]
         yield server
+
+
+# -- module-scoped servers (appended for test_routes / isolation / policy / openai / client) ----
+
+SpawnServer = Callable[..., WerkServer]
+
+
+@pytest.fixture(scope="module")
+def spawn_server(
+    tmp_path_factory: pytest.TempPathFactory, testkv_site: Path
+) -> Iterator[SpawnServer]:
+    """A factory for real ``werk serve`` processes that live until the test module ends.
+
+    ``spawn_server(models={"kv": "alpha beta"}, args=[...], keys=[...])`` gives every call its
+    own ``WERK_HOME`` (``server.home``), imports each model from ``<home>/../<id>.testkv`` (the
+    text becomes the model file, so ``"<<fail-start>>"`` makes a model that cannot start),
+    passes ``--model`` for each and ``--api-key`` for each key, and waits for readiness.
+    Servers are stopped (SIGTERM) when the module's tests are done.
+    """
+    with contextlib.ExitStack() as stack:
+
+        def spawn(
+            *,
+            models: Mapping[str, str] | None = None,
+            args: Sequence[str] = (),
+            keys: Sequence[str] = (),
+        ) -> WerkServer:
+            home = tmp_path_factory.mktemp("serve") / "home"
+            home.mkdir()
+            chosen = {"kv": "alpha beta gamma delta"} if models is None else models
+            argv: list[str] = []
+            for model_id, text in chosen.items():
+                import_model(home, testkv_site, model_id, text)
+                argv += ["--model", model_id]
+            for key in keys:
+                argv += ["--api-key", key]
+            server = stack.enter_context(werk_serve(home, testkv_site, [*argv, *args]))
+            server.api_keys = list(keys)
+            return server
+
+        yield spawn
