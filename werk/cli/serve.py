@@ -23,6 +23,9 @@ from ..protocol import (
 from ._app import app
 
 API_KEYS_ENV = "WERK_API_KEYS"
+HEADER_TIMEOUT_DEFAULT = 10.0  # werk.http.server.HEADER_TIMEOUT_SECONDS (not imported: lazy)
+HEADER_TIMEOUT_MIN = 1.0
+HEADER_TIMEOUT_MAX = 600.0
 
 
 def persistence_defaults(
@@ -103,6 +106,15 @@ def serve(
     persistence_pin: bool = typer.Option(
         False, "--persistence-pin", help="Pin new states by default (implies --persistence)."
     ),
+    header_timeout: float = typer.Option(
+        HEADER_TIMEOUT_DEFAULT,
+        "--header-timeout",
+        min=HEADER_TIMEOUT_MIN,
+        max=HEADER_TIMEOUT_MAX,
+        metavar="SECONDS",
+        help="Close a connection whose request line and headers are not complete within "
+        f"SECONDS ({HEADER_TIMEOUT_MIN:g}..{HEADER_TIMEOUT_MAX:g}; slow-header defence).",
+    ),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
     """Serve the OpenAI-compatible /v1 API and Werk Protocol 1.0 under /werk/v1.
@@ -161,7 +173,13 @@ def serve(
     except WerkError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from None
-    server = make_server(build_app(service, auth), host=host, port=port, log_level=log_level)
+    server = make_server(
+        build_app(service, auth),
+        host=host,
+        port=port,
+        header_timeout=header_timeout,
+        log_level=log_level,
+    )
     signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
     shown = ", ".join(f"{m.id} ({m.backend})" for m in manifests) or "none"
     mode = "API keys" if auth.mode is AuthMode.API_KEY else "unauthenticated local mode"

@@ -18,7 +18,7 @@ from .errors import error_response
 from .guard import admit
 from .openai import openai_routes
 from .openapi import openapi_document
-from .requests import RequestIdMiddleware
+from .requests import RequestFramingMiddleware, RequestIdMiddleware
 from .routes import werk_routes
 
 __all__ = ["build_app"]
@@ -54,5 +54,6 @@ def build_app(control: WerkControl, auth: Authenticator) -> Starlette:
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RequestFramingMiddleware)
+    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so every answer has an id
     return app

@@ -1,4 +1,9 @@
-"""The OpenAPI 3.1 document of ``/werk/v1``, generated from the msgspec Structs."""
+"""The OpenAPI 3.1 document of ``/werk/v1``, generated from the msgspec Structs.
+
+msgspec describes each field; the few rules that span fields (a Struct's ``__post_init__``:
+"exactly one of …") are added from :data:`_CROSS_FIELD`, so a request that validates against
+the document is one the server accepts (schemathesis checks exactly that).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from typing import Any
 import msgspec
 
 from .._version import PROTOCOL_VERSION, __version__
-from ..protocol import ErrorBody
+from ..protocol import ErrorBody, PrefillRequest, PruneFilter, PruneRequest
+from ..protocol.prefill import ModelId
 from .routes import ROUTE_SPECS
 
 __all__ = ["openapi_document"]
@@ -16,15 +22,59 @@ __all__ = ["openapi_document"]
 _REF = "#/components/schemas/{name}"
 _PARAM = re.compile(r"{([a-z_]+)}")
 
+_MODEL_ID = msgspec.json.schema(ModelId)
+
 _QUERY: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    "/werk/v1/capabilities": [("model", {"type": "string"})],
+    "/werk/v1/capabilities": [("model", _MODEL_ID)],
     "/werk/v1/states": [
-        ("model", {"type": "string"}),
+        ("model", _MODEL_ID),
         ("tier", {"enum": ["backend", "ram", "vram", "disk"]}),
         ("pinned", {"enum": ["true", "false"]}),
     ],
-    "/werk/v1/experts": [("model", {"type": "string"})],
+    "/werk/v1/experts": [("model", _MODEL_ID)],
 }
+
+_NULL = {"type": "null"}
+
+
+def _present(name: str, schema: dict[str, Any], *absent: str) -> dict[str, Any]:
+    """``name`` present and matching ``schema``; each of ``absent`` missing or null."""
+    return {
+        "required": [name],
+        "properties": {name: schema, **{other: _NULL for other in absent}},
+    }
+
+
+_CROSS_FIELD: dict[type, dict[str, Any]] = {
+    PrefillRequest: {
+        "oneOf": [
+            _present("prompt", {"type": "string"}, "messages"),
+            _present("messages", {"type": "array"}, "prompt"),
+        ]
+    },
+    PruneFilter: {
+        "anyOf": [
+            _present(name, {"not": _NULL})
+            for name in ("model", "tier", "older_than_seconds", "expired")
+        ]
+    },
+    PruneRequest: {
+        "oneOf": [
+            _present("ids", {"type": "array"}, "filter", "all", "confirm"),
+            _present("filter", {"type": "object"}, "ids", "all", "confirm"),
+            {
+                "required": ["all", "confirm"],
+                "properties": {
+                    "all": {"const": True},
+                    "confirm": {"const": "all"},
+                    "ids": _NULL,
+                    "filter": _NULL,
+                },
+            },
+        ]
+    },
+}
+"""The ``__post_init__`` rules of request Structs, in JSON Schema."""
 
 
 def openapi_document() -> dict[str, Any]:
@@ -34,6 +84,8 @@ def openapi_document() -> dict[str, Any]:
     )
     refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
     ref_of = dict(zip(structs, refs, strict=True))
+    for struct, rule in _CROSS_FIELD.items():
+        components[struct.__name__].update(rule)
     error = {
         "description": "Werk error",
         "content": {"application/json": {"schema": ref_of[ErrorBody]}},

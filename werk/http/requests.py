@@ -5,12 +5,14 @@ from __future__ import annotations
 import secrets
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+import msgspec
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..protocol import PayloadTooLarge, UnsupportedMediaType, decode
+from ..protocol import InvalidRequest, PayloadTooLarge, UnsupportedMediaType, decode
+from .errors import error_response
 
-__all__ = ["RequestIdMiddleware", "read_body", "read_struct"]
+__all__ = ["RequestFramingMiddleware", "RequestIdMiddleware", "read_body", "read_struct"]
 
 _T = TypeVar("_T")
 
@@ -47,6 +49,56 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class RequestFramingMiddleware:
+    """Connection-level rules about request bodies.
+
+    * A request that carries both ``Content-Length`` and ``Transfer-Encoding`` is refused (400):
+      h11 would frame it by ``Transfer-Encoding`` and keep the connection, but RFC 9112 §6.3
+      calls the combination a request-smuggling shape and requires a close after answering.
+    * A response sent while the request body was not read to its end (413 before reading, 401,
+      415, …) says ``Connection: close`` and the connection is closed after it: the client may
+      still be sending a body nobody will read (uvicorn would otherwise drain it for as long as
+      the client sends), and a client must not reuse a connection in that state.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {name.lower(): value for name, value in scope["headers"]}
+        chunked = b"transfer-encoding" in headers
+        length = headers.get(b"content-length")
+        if chunked and length is not None:
+            refusal = InvalidRequest(
+                "a request must not carry both Content-Length and Transfer-Encoding"
+            )
+            response = error_response(Request(scope), refusal)
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
+            return
+        if not chunked and (length is None or length.strip() == b"0"):
+            await self.app(scope, receive, send)  # no body to leave unread
+            return
+        body_read = False
+
+        async def tracking_receive() -> Message:
+            nonlocal body_read
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body_read = True
+            return message
+
+        async def closing_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and not body_read:
+                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            await send(message)
+
+        await self.app(scope, tracking_receive, closing_send)
+
+
 def _require_json(request: Request) -> None:
     content_type = request.headers.get("content-type", "")
     media = content_type.split(";", 1)[0].strip().lower()
@@ -67,17 +119,57 @@ async def read_body(request: Request, limit: int) -> bytes:
     _require_json(request)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body over {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body over {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # Gone mid-body (or its framing broke); nobody reads the answer, but it is not a fault.
+        raise InvalidRequest(
+            "the client disconnected before the request body was complete"
+        ) from None
     return b"".join(chunks)
 
 
+_EXACT_FLOAT_INTS = 2**53
+
+
+def _whole_floats_as_ints(value: Any) -> Any:
+    """``2.0`` → ``2`` throughout a decoded JSON value (floats that spell an integer exactly)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_FLOAT_INTS:
+        return int(value)
+    if isinstance(value, list):
+        return [_whole_floats_as_ints(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _whole_floats_as_ints(item) for key, item in value.items()}
+    return value
+
+
+def decode_body(body: bytes, type: type[_T]) -> _T:
+    """Decode a JSON body into ``type`` (unknown fields rejected).
+
+    JSON has one number type: ``64.0`` *is* the integer 64, and the OpenAPI 3.1 document says
+    so (JSON Schema counts whole floats as integers). msgspec's strict decoding refuses a float
+    for an ``int`` field, so a body refused for exactly that is decoded once more with its
+    whole floats written as integers. Fractions, strings and booleans are still refused.
+    """
+    try:
+        return decode(body, type)
+    except InvalidRequest as exc:
+        if "got `float`" not in exc.message:
+            raise
+        try:
+            value = _whole_floats_as_ints(msgspec.json.decode(body))
+        except (msgspec.DecodeError, RecursionError):
+            raise exc from None
+        return decode(msgspec.json.encode(value), type)
+
+
 async def read_struct(request: Request, type: type[_T], limit: int) -> _T:
-    """Read a bounded JSON body and decode it into ``type`` (unknown fields rejected)."""
-    return decode(await read_body(request, limit), type)
+    """Read a bounded JSON body and decode it into ``type`` (see :func:`decode_body`)."""
+    return decode_body(await read_body(request, limit), type)
 
 
 async def read_object(request: Request, limit: int) -> dict[str, Any]:

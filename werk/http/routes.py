@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -43,6 +44,7 @@ from ..protocol import (
     TierResult,
     encode,
 )
+from ..protocol.prefill import ModelId
 from .auth import Authenticator
 from .errors import error_response
 from .guard import admit
@@ -99,6 +101,16 @@ def _bool_param(value: str | None, name: str) -> bool | None:
     raise InvalidRequest(f"query parameter {name!r} must be true or false")
 
 
+def _model_param(value: str | None) -> str | None:
+    """A ``model`` query parameter: a model id (1..128 characters) when present."""
+    if value is None:
+        return None
+    try:
+        return msgspec.convert(value, ModelId)
+    except msgspec.ValidationError:
+        raise InvalidRequest("query parameter 'model' must be 1 to 128 characters") from None
+
+
 def _tier_param(value: str | None) -> Tier | None:
     if value is None:
         return None
@@ -118,7 +130,7 @@ async def _info(c: Call) -> InfoResponse:
 
 async def _capabilities(c: Call) -> CapabilitiesResponse:
     q = c.query("model")
-    return await c.control.capabilities(model=q.get("model"))
+    return await c.control.capabilities(model=_model_param(q.get("model")))
 
 
 async def _memory(c: Call) -> MemoryResponse:
@@ -146,7 +158,7 @@ async def _unload(c: Call) -> ResidencyResult:
 async def _states(c: Call) -> StateList:
     q = c.query("model", "tier", "pinned")
     query = StateQuery(
-        model=q.get("model"),
+        model=_model_param(q.get("model")),
         tier=_tier_param(q.get("tier")),
         pinned=_bool_param(q.get("pinned"), "pinned"),
     )
@@ -187,8 +199,8 @@ async def _decode(c: Call) -> DecodeResponse:
 
 async def _experts(c: Call) -> ExpertList:
     q = c.query("model")
-    model = q.get("model")
-    if not model:
+    model = _model_param(q.get("model"))
+    if model is None:
         raise InvalidRequest("query parameter 'model' is required")
     return await c.control.experts(c.principal, model)
 

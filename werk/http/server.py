@@ -4,6 +4,11 @@ uvicorn's keep-alive timer covers idle connections but not a client that trickle
 headers (slowloris). :class:`HeaderDeadlineProtocol` closes any connection whose request line and
 headers are not complete within ``header_timeout`` seconds of its first byte (or of the
 connection opening), while requests already being served are unaffected.
+
+A request h11 cannot parse (bad framing, garbage after a short ``Content-Length``) is answered
+with the protocol's JSON error body and a request id, not uvicorn's plain-text page. (Closing a
+connection whose request body was left unread is
+:class:`werk.http.requests.RequestFramingMiddleware`'s job.)
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..protocol import InvalidRequest, encode
+from .requests import REQUEST_ID_HEADER, new_request_id
+
 __all__ = ["HeaderDeadlineProtocol", "make_server"]
 
 HEADER_TIMEOUT_SECONDS = 10.0
+"""Default request-header deadline (``werk serve --header-timeout``)."""
 
 
 class HeaderDeadlineProtocol(H11Protocol):
@@ -48,6 +57,26 @@ class HeaderDeadlineProtocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._disarm()  # the keep-alive timer now governs the idle connection
+        if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._arm()  # ... unless part of the next request is already buffered
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer an unparseable request with the JSON error body, then close."""
+        request_id = new_request_id()
+        body = encode(InvalidRequest("malformed HTTP request").to_body(request_id))
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            (REQUEST_ID_HEADER, request_id.encode()),
+        ]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _arm(self) -> None:
         if self._header_timer is None:
