@@ -302,9 +302,12 @@ def test_insecure_no_auth_binds_all_interfaces_loudly(tmp_path: Path, testkv_sit
     with werk_serve(home, testkv_site, ["--host", "0.0.0.0", "--insecure-no-auth"]) as server:
         with server.client() as http:
             info = http.get("/werk/v1/info")
+            # Meant to be reached by other names: the loopback-Host rule is off in this mode.
+            lan_named = http.get("/werk/v1/info", headers={"Host": "werk-box.lan:11434"})
         log = server.log()
         server.stop()
     assert info.status_code == 200
+    assert lan_named.status_code == 200, lan_named.text
     assert info.json()["server"]["auth"] == "unauthenticated_local"
     assert "WARNING: serving 0.0.0.0 WITHOUT AUTHENTICATION (--insecure-no-auth)" in log
     assert "serving on http://0.0.0.0:" in log

@@ -159,7 +159,11 @@ def serve(
         for manifest in manifests:
             registry.verify_unchanged(manifest)
         pm = get_plugin_manager()
-        auth = Authenticator(keys, lambda k: principal_for_api_key(namespace_key, k))
+        auth = Authenticator(
+            keys,
+            lambda k: principal_for_api_key(namespace_key, k),
+            loopback_hosts_only=is_loopback_host(host),
+        )
         service = LocalControlService(
             pm,
             ServiceConfig(

@@ -21,11 +21,21 @@ class Authenticator:
 
     :param api_keys: the accepted keys; empty means unauthenticated local mode.
     :param derive_principal: maps an accepted key to its principal (HMAC under the namespace key).
+    :param loopback_hosts_only: in unauthenticated mode, refuse requests whose ``Host`` is not a
+        loopback name (DNS-rebinding defence). Only ``--insecure-no-auth`` on a non-loopback
+        bind turns it off, since such a server is meant to be reached by other names.
     """
 
-    def __init__(self, api_keys: Sequence[str], derive_principal: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        api_keys: Sequence[str],
+        derive_principal: Callable[[str], str],
+        *,
+        loopback_hosts_only: bool = True,
+    ) -> None:
         self._keys = [(key.encode(), derive_principal(key)) for key in api_keys if key]
         self.mode = AuthMode.API_KEY if self._keys else AuthMode.UNAUTHENTICATED_LOCAL
+        self.loopback_hosts_only = loopback_hosts_only
 
     def principal(self, authorization: str | None) -> str:
         """The caller's principal.

@@ -35,7 +35,7 @@ def admit(request: Request, auth: Authenticator) -> str:
     In unauthenticated local mode a request whose ``Host`` is not a loopback name or address is
     refused: a web page that rebinds its DNS name to 127.0.0.1 must not reach the server.
     """
-    if auth.mode is AuthMode.UNAUTHENTICATED_LOCAL:
+    if auth.mode is AuthMode.UNAUTHENTICATED_LOCAL and auth.loopback_hosts_only:
         host = request.headers.get("host", "")
         if not is_loopback_host(host):
             raise InvalidRequest(
