@@ -201,6 +201,10 @@ class PrefillFlow:
             gate(rows, CapabilityId.PD_PREFILL, allow_experimental=allow)
             gate(rows, CapabilityId.PD_HANDOFF, allow_experimental=allow)
             statuses = {row.id: row.status for row in rows}
+            if reused is not None and outcome.cached_tokens == 0:
+                # The backend evaluated the prompt afresh (its state was no longer resident):
+                # never report reuse it did not observe. `required` adapters raise instead.
+                reused, outcome_kind = None, ReuseOutcome.FRESH
             summary: StateSummary | None
             state_id: str | None
             if reused is not None:
