@@ -43,8 +43,10 @@ from ..protocol import (
     PrefillRequest,
     PrefillResponse,
     PrefillUsage,
+    Reuse,
     ReuseInfo,
     ReuseOutcome,
+    ReuseUnavailable,
     StateSummary,
     Tier,
     Unavailable,
@@ -203,7 +205,9 @@ class PrefillFlow:
             statuses = {row.id: row.status for row in rows}
             if reused is not None and outcome.cached_tokens == 0:
                 # The backend evaluated the prompt afresh (its state was no longer resident):
-                # never report reuse it did not observe. `required` adapters raise instead.
+                # never report reuse it did not observe; `required` never falls through.
+                if policy.reuse is Reuse.REQUIRED:
+                    raise ReuseUnavailable("the stored state was not resident; nothing was reused")
                 reused, outcome_kind = None, ReuseOutcome.FRESH
             summary: StateSummary | None
             state_id: str | None
