@@ -1,29 +1,58 @@
-"""Werk hook implementations for the llama.cpp backend.
+"""Werk hook implementations for the llama.cpp backend (``llamacpp``).
 
-Today the plugin registers the ``llamacpp`` backend and reports its capability rows truthfully
-for a process that has not (yet) passed the functional state probe: the seed's "llama.cpp
-before/after a failed state probe" column. No runtime is started yet, so nothing is
-``experimental`` and residency is ``unavailable``.
+The backend runs one Werk-managed ``llama-server`` child per model runtime (``process.py``),
+proxies ``/v1`` to it (``proxy.py``) and implements named states through the child's ``/slots``
+API (``states.py``, gated by the functional probe in ``probe.py``).
+
+Capability rows are the seed's llama.cpp columns, computed from what is true now:
+
+* ``runtime.model_residency``: ``supported`` while a live child serves the model, or when one
+  can be started (an executable is located, its inspection advertises the essential flags and
+  the model's options are valid); otherwise ``unavailable`` with the reason.
+* state and prefill/decode rows: ``experimental`` only while the runtime is alive *and* its
+  handle's functional probe passed for that very process generation; otherwise
+  ``unavailable`` with the probe's reason (not run, failed, no live process, process exited).
+* ``runtime.state.restore.cross_restart``: ``unavailable`` (snapshots are generation-bound);
+  ``runtime.state.tier.ram|vram`` and ``runtime.experts.residency``: ``unsupported``.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from types import ModuleType
+
+import typer
 
 from werk import (
     BackendDescriptor,
+    BackendState,
     CapabilityContext,
     CapabilityId,
     CapabilityReport,
     CapabilityStatus,
+    DecodeCall,
+    DecodeOutcome,
+    InvalidRequest,
+    OpenAICall,
+    OpenAIReply,
+    PrefillCall,
+    PrefillOutcome,
+    Runtime,
+    Unavailable,
+    Unsupported,
     hookimpl,
 )
 
+from .args import check_native_args, parse_options
+from .commands import register_commands
 from .executable import locate_llama_server
+from .handle import LlamaHandle, ProbeStatus
+from .inspect import inspect_executable_sync
+from .process import check_alive, start_runtime, stop_runtime
+from .proxy import openai_reply
 
 BACKEND = "llamacpp"
-
-_NO_PROBE = "the functional state probe has not passed for a live llama-server process"
 
 _PROBE_GATED = (
     (CapabilityId.STATE_PREFIX_CACHE, ["prefill"]),
@@ -43,30 +72,101 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=BACKEND,
             formats=("gguf",),
             description="llama.cpp llama-server, one managed child process per model",
+            start=start_runtime,
+            stop=stop_runtime,
         )
     )
 
 
+@hookimpl
+def werk_register_commands(app: typer.Typer, models: typer.Typer) -> None:
+    register_commands(models)
+
+
+# -- capabilities ---------------------------------------------------------------------------
+
+
+def _live(context: CapabilityContext) -> Runtime | None:
+    runtime = context.runtime
+    if runtime is None or not isinstance(runtime.handle, LlamaHandle):
+        return None
+    return runtime if check_alive(runtime) else None
+
+
 def _residency(context: CapabilityContext) -> CapabilityReport:
-    located = locate_llama_server()
+    def row(status: CapabilityStatus, reason: str) -> CapabilityReport:
+        return CapabilityReport(id=CapabilityId.MODEL_RESIDENCY, status=status, reason=reason)
+
+    live = _live(context)
+    if live is not None:
+        return row(
+            CapabilityStatus.SUPPORTED,
+            f"a Werk-managed llama-server process (generation {live.generation}) holds the model",
+        )
+    located = locate_llama_server(context.model.options if context.model is not None else None)
     if located.path is None:
-        reason = f"no llama-server executable found ({located.reason})"
-    elif context.model is None:
-        reason = "no GGUF model is configured for llama.cpp"
-    else:
-        reason = "Werk cannot start managed llama-server runtimes yet"
-    return CapabilityReport(
-        id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.UNAVAILABLE, reason=reason
+        return row(
+            CapabilityStatus.UNAVAILABLE, f"no llama-server executable found ({located.reason})"
+        )
+    if context.model is None:
+        return row(CapabilityStatus.UNAVAILABLE, "no GGUF model is configured for llama.cpp")
+    try:
+        options = parse_options(context.model.options)
+        inspection = inspect_executable_sync(located.path)
+        if inspection.missing_essential:
+            return row(
+                CapabilityStatus.UNAVAILABLE,
+                "the llama-server executable does not advertise "
+                f"{', '.join(inspection.missing_essential)}",
+            )
+        check_native_args(options.native_args, inspection)
+    except (InvalidRequest, Unavailable) as exc:
+        return row(CapabilityStatus.UNAVAILABLE, exc.message)
+    return row(
+        CapabilityStatus.SUPPORTED,
+        f"a managed llama-server ({inspection.version}) is started for this model on first use",
+    )
+
+
+def _state_status(context: CapabilityContext) -> tuple[CapabilityStatus, str]:
+    if context.model is None:
+        return CapabilityStatus.UNAVAILABLE, "named states need a configured GGUF model"
+    runtime = context.runtime
+    if runtime is None:
+        return (
+            CapabilityStatus.UNAVAILABLE,
+            "no live llama-server process for this model; an opted-in Prefill starts one and "
+            "runs the functional state probe",
+        )
+    if _live(context) is None:
+        return (
+            CapabilityStatus.UNAVAILABLE,
+            f"the llama-server process of generation {runtime.generation} is not running",
+        )
+    handle: LlamaHandle = runtime.handle
+    probe = handle.probe
+    if probe.status is ProbeStatus.PASSED and handle.generation == runtime.generation:
+        return (
+            CapabilityStatus.EXPERIMENTAL,
+            f"functional probe passed for process generation {runtime.generation}",
+        )
+    if probe.status is ProbeStatus.FAILED:
+        return (
+            CapabilityStatus.UNAVAILABLE,
+            f"functional probe failed for process generation {runtime.generation}: {probe.reason}",
+        )
+    return (
+        CapabilityStatus.UNAVAILABLE,
+        f"the functional state probe has not run for process generation {runtime.generation}",
     )
 
 
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     rows = [_residency(context)]
+    status, reason = _state_status(context)
     rows += [
-        CapabilityReport(
-            id=cap, status=CapabilityStatus.UNAVAILABLE, operations=ops, reason=_NO_PROBE
-        )
+        CapabilityReport(id=cap, status=status, operations=ops, reason=reason)
         for cap, ops in _PROBE_GATED
     ]
     rows.append(
@@ -92,3 +192,51 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
         )
     )
     return rows
+
+
+# -- operations -----------------------------------------------------------------------------
+
+
+def _states(runtime: Runtime) -> ModuleType:
+    """The state layer, after checking that the child still runs."""
+    if not check_alive(runtime):
+        raise Unavailable(
+            f"the llama-server process of model {runtime.model.id!r} exited; "
+            "the next request starts a new one",
+            retryable=True,
+        )
+    try:
+        return importlib.import_module(f"{__package__}.states")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.states":
+            raise
+        raise Unsupported("this werk-llamacpp build has no named-state support") from None
+
+
+@hookimpl
+async def werk_prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
+    outcome: PrefillOutcome = await _states(runtime).prefill(runtime, call)
+    return outcome
+
+
+@hookimpl
+async def werk_decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
+    outcome: DecodeOutcome = await _states(runtime).decode(runtime, call)
+    return outcome
+
+
+@hookimpl
+async def werk_snapshot(runtime: Runtime, state: BackendState) -> BackendState:
+    result: BackendState = await _states(runtime).snapshot(runtime, state)
+    return result
+
+
+@hookimpl
+async def werk_restore(runtime: Runtime, payload: BackendState) -> BackendState:
+    result: BackendState = await _states(runtime).restore(runtime, payload)
+    return result
+
+
+@hookimpl
+async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
+    return await openai_reply(runtime, call)

@@ -1,0 +1,236 @@
+"""Proxy overhead of Werk's ``/v1`` in front of its managed llama-server vs the same child directly.
+
+One ``werk serve --model demo`` (the tiny generated demo model) spawns its llama-server on the
+first request; the benchmark finds that child through ``/proc`` (its command line gives port and
+API key) and sends the *same* short chat body both ways:
+
+* **sequential**: ``--rounds`` (200) non-streamed ``/v1/chat/completions`` per side, interleaved
+  (Werk, direct, Werk, …) on one keep-alive connection each, after ``--warmup`` rounds; median,
+  p90 and mean latency, and Werk's added median;
+* **concurrent**: ``--clients`` (8) threads, each with its own keep-alive client, sending
+  ``--per-client`` requests; requests per second for each side and the ratio Werk/direct.
+
+Direct requests carry no ``id_slot`` (llama-server picks among all its slots); Werk pins each
+request to one of the general slots (the state slot is never used for ``/v1``).
+
+Run: ``.venv/bin/python benchmarks/llamacpp_proxy_overhead.py [--rounds 200] [--clients 8]``.
+Figures are printed, never asserted. Helpers here are shared by the other llama.cpp benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BIN = Path(sys.executable).parent
+WERK = BIN / "werk"
+CHAT = {
+    "model": "demo",
+    "messages": [{"role": "user", "content": "Say hi."}],
+    "max_tokens": 8,
+    "temperature": 0,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def werk_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "WERK_HOME"}
+    env["WERK_HOME"] = str(home)
+    return env
+
+
+def create_demo(home: Path, model_id: str = "demo", size: str = "tiny") -> None:
+    subprocess.run(
+        [str(WERK), "models", "create-demo", "--id", model_id, "--size", size],
+        check=True,
+        capture_output=True,
+        env=werk_env(home),
+    )
+
+
+def import_model(home: Path, path: Path, model_id: str) -> None:
+    subprocess.run(
+        [str(WERK), "models", "import", str(path), "--id", model_id, "--backend", "llamacpp"],
+        check=True,
+        capture_output=True,
+        env=werk_env(home),
+    )
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    url: str
+    started: float
+
+
+def wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited {process.returncode}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not become ready")
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def werk_serve(home: Path, models: Sequence[str], log: Path) -> Iterator[Served]:
+    port = free_port()
+    started = time.perf_counter()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(WERK), "serve", "--port", str(port), *[a for m in models for a in ("--model", m)]],
+            env=werk_env(home),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/werk/v1/health", process)
+        yield Served(process, url, started)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass
+class ChildInfo:
+    pid: int
+    url: str
+    key: str
+    args: list[str]
+
+
+def managed_child(werk_pid: int) -> ChildInfo:
+    """The llama-server that ``werk serve`` spawned, from ``/proc``."""
+    for task in os.listdir(f"/proc/{werk_pid}/task"):
+        with open(f"/proc/{werk_pid}/task/{task}/children") as f:
+            for pid in map(int, f.read().split()):
+                with open(f"/proc/{pid}/cmdline", "rb") as c:
+                    args = [a.decode() for a in c.read().split(b"\0") if a]
+                if args and args[0].endswith("llama-server"):
+                    port = args[args.index("--port") + 1]
+                    key = args[args.index("--api-key") + 1]
+                    return ChildInfo(pid, f"http://127.0.0.1:{port}", key, args)
+    raise RuntimeError("no llama-server child found")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _post(client: httpx.Client, body: dict[str, Any]) -> float:
+    start = time.perf_counter()
+    answer = client.post("/v1/chat/completions", json=body)
+    elapsed = time.perf_counter() - start
+    answer.raise_for_status()
+    return elapsed
+
+
+def sequential(werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int) -> None:
+    for _ in range(warmup):
+        _post(werk, CHAT)
+        _post(direct, CHAT)
+    through, straight = [], []
+    for _ in range(rounds):
+        through.append(_post(werk, CHAT))
+        straight.append(_post(direct, CHAT))
+    print(f"sequential: {rounds} short non-streamed chats per side (interleaved, keep-alive)")
+    for name, values in (("werk  ", through), ("direct", straight)):
+        print(
+            f"  {name} p50 {statistics.median(values) * 1e3:7.3f} ms"
+            f"  p90 {percentile(values, 0.9) * 1e3:7.3f} ms"
+            f"  mean {statistics.fmean(values) * 1e3:7.3f} ms"
+        )
+    added = (statistics.median(through) - statistics.median(straight)) * 1e3
+    ratio = statistics.median(through) / statistics.median(straight)
+    print(f"  added p50 {added:+.3f} ms   p50 ratio werk/direct {ratio:.3f}")
+
+
+def concurrent(url: str, headers: dict[str, str], clients: int, per_client: int) -> float:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(clients + 1)
+
+    def run() -> None:
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+            _post(client, CHAT)
+            barrier.wait()
+            try:
+                for _ in range(per_client):
+                    _post(client, CHAT)
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return clients * per_client / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--per-client", type=int, default=50)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="werk-bench-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        create_demo(home)
+        with werk_serve(home, ["demo"], Path(tmp) / "serve.log") as served:
+            with httpx.Client(base_url=served.url, timeout=120) as werk:
+                _post(werk, CHAT)  # spawns the child
+                child = managed_child(served.process.pid)
+                headers = {"Authorization": f"Bearer {child.key}"}
+                with httpx.Client(base_url=child.url, headers=headers, timeout=120) as direct:
+                    shown = ["<api-key>" if a == child.key else a for a in child.args[1:]]
+                    print(f"llama-server pid {child.pid}: {' '.join(shown)}")
+                    sequential(werk, direct, args.rounds, args.warmup)
+            print(f"concurrent: {args.clients} clients x {args.per_client} short chats")
+            through = concurrent(served.url, {}, args.clients, args.per_client)
+            straight = concurrent(child.url, headers, args.clients, args.per_client)
+            print(f"  werk   {through:8.1f} req/s")
+            print(f"  direct {straight:8.1f} req/s")
+            print(f"  throughput ratio werk/direct {through / straight:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""The functional state probe (werk_llamacpp.probe) against real llama-server processes.
+
+A process passes only when the whole save/erase/restore/replay cycle is observed; each failing
+case below is a real process (or a handle whose recorded facts disagree with its process) that
+must keep the state capabilities unavailable, with the reason, and must leave no slot content or
+file behind. Flags are preconditions only: a handle that *claims* ``--slot-save-path`` for a
+process started without it still fails, on the observed refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from test_llamacpp_states_support import (
+    Child,
+    demo_model,
+    llama_child,
+    make_handle,
+    needs_llama_server,
+    runtime_for,
+    slot_files,
+)
+from werk_llamacpp import states
+from werk_llamacpp.handle import LlamaHandle, ProbeStatus
+from werk_llamacpp.probe import effective_arg, ensure_probed, run_probe
+
+from werk import CapabilityId, PrefillCall, Unavailable
+
+STATE_SLOT = 1
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((), None),
+        (("--cache-ram", "0"), "0"),
+        (("--cache-ram", "0", "-cram", "512"), "512"),
+        (("--cache-ram=0",), "0"),
+        (("--cache-ram", "0", "--cache_ram", "8192"), "8192"),
+        (("--cache_ram=64", "--cache-ram", "0"), "0"),
+        (("-m", "x.gguf", "--cache-ram"), None),
+        (("--cache-ramp", "0"), None),
+    ],
+)
+def test_effective_arg_is_the_last_spelling_llama_cpp_would_parse(
+    args: tuple[str, ...], expected: str | None
+) -> None:
+    assert effective_arg(args, ("--cache-ram", "-cram")) == expected
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("llama-probe")
+
+
+@pytest.fixture(scope="module")
+def child(work: Path) -> Iterator[Child]:
+    with llama_child(work, demo_model(work)) as running:
+        yield running
+
+
+@pytest.fixture
+async def handle(child: Child) -> AsyncIterator[LlamaHandle]:
+    made = make_handle(child, state_slots=(STATE_SLOT,))
+    try:
+        yield made
+    finally:
+        await made.http.aclose()
+
+
+def _state_slot_tokens(child: Child) -> int:
+    with child.direct() as direct:
+        n: int = direct.post(f"/slots/{STATE_SLOT}?action=erase").json()["n_erased"]
+    return n
+
+
+pytestmark = [pytest.mark.anyio]
+
+
+@pytest.mark.slow
+@needs_llama_server
+async def test_a_working_process_passes_once_and_leaves_nothing_behind(
+    handle: LlamaHandle, child: Child
+) -> None:
+    before = len(child.prompt_evals(STATE_SLOT))
+    async with anyio.create_task_group() as group:  # concurrent first uses share one probe
+        for _ in range(3):
+            group.start_soon(ensure_probed, handle)
+    assert handle.probe.status is ProbeStatus.PASSED, handle.probe.reason
+    assert "replay reused" in handle.probe.reason
+    # One probe = three completions in the state slot: the prompt but its last token (all
+    # computed), the whole prompt (one computed) and the replay after restore (one computed).
+    evals = child.prompt_evals(STATE_SLOT)
+    assert len(evals) == before + 3
+    assert evals[-3] > 1 and evals[-2:] == [1, 1]
+    assert (await ensure_probed(handle)).status is ProbeStatus.PASSED
+    assert len(child.prompt_evals(STATE_SLOT)) == before + 3
+    assert _state_slot_tokens(child) == 0
+    assert slot_files(child) == []
+
+
+async def _expect_failure(handle: LlamaHandle, child: Child | None, reason: str) -> None:
+    """The probe fails with ``reason``; prefill is refused as unavailable; nothing is left."""
+    result = await run_probe(handle)
+    assert result.status is ProbeStatus.FAILED
+    assert reason in result.reason, result.reason
+    handle.probe = result
+    with pytest.raises(Unavailable) as refused:
+        await states.prefill(runtime_for(handle), PrefillCall(prompt="hello"))
+    assert refused.value.capability == CapabilityId.PD_PREFILL
+    assert reason in refused.value.message
+    assert handle.probe is result  # a failed generation is not probed again
+    if child is not None:
+        assert _state_slot_tokens(child) == 0
+        assert slot_files(child) == []
+
+
+@pytest.mark.slow
+@needs_llama_server
+async def test_without_cache_ram_zero_reuse_cannot_be_proven(work: Path) -> None:
+    with llama_child(work, demo_model(work), cache_ram_zero=False) as child:
+        handle = make_handle(child, state_slots=(STATE_SLOT,))
+        try:
+            await _expect_failure(handle, child, "--cache-ram 0")
+        finally:
+            await handle.http.aclose()
+
+
+@pytest.mark.slow
+@needs_llama_server
+async def test_a_trailing_native_override_of_cache_ram_fails(work: Path) -> None:
+    with llama_child(work, demo_model(work), extra=["--cache_ram", "64"]) as child:
+        handle = make_handle(child, state_slots=(STATE_SLOT,))
+        try:
+            await _expect_failure(handle, child, "--cache-ram 0")
+        finally:
+            await handle.http.aclose()
+
+
+@pytest.mark.slow
+@needs_llama_server
+async def test_a_process_that_ignores_the_slot_flag_fails_on_the_observed_refusal(
+    work: Path,
+) -> None:
+    """Stands for a llama-server that advertises slot persistence but does not do it: the real
+    binary started without ``--slot-save-path`` while the handle records that it has one."""
+    with llama_child(work, demo_model(work), slot_save_path=False) as child:
+        claimed = (*child.args, "--slot-save-path", str(child.slot_dir))
+        handle = make_handle(child, state_slots=(STATE_SLOT,), args=claimed)
+        try:
+            # Every /slots action is refused (501), erase first; the slot cannot hold probe data.
+            await _expect_failure(handle, None, "refused slot erase (HTTP 501")
+            assert slot_files(child) == []
+        finally:
+            await handle.http.aclose()
+
+
+@pytest.mark.slow
+@needs_llama_server
+async def test_without_the_slot_listing_idleness_cannot_be_shown(work: Path) -> None:
+    with llama_child(work, demo_model(work), extra=["--no-slots"]) as child:
+        handle = make_handle(child, state_slots=(STATE_SLOT,))
+        try:
+            await _expect_failure(handle, child, "refused slot listing")
+        finally:
+            await handle.http.aclose()
+
+
+@pytest.mark.slow
+@needs_llama_server
+async def test_a_slot_directory_that_is_not_private_fails(
+    handle: LlamaHandle, child: Child
+) -> None:
+    child.slot_dir.chmod(0o755)
+    try:
+        await _expect_failure(handle, child, "not private")
+    finally:
+        child.slot_dir.chmod(0o700)
+
+
+@pytest.mark.slow
+@needs_llama_server
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ("total_slots", "/props reports 2 slots"),
+        ("help", "does not advertise --slot-save-path"),
+        ("slot_path", "not the process's private slot directory"),
+        ("no_state_slot", "no state slot"),
+        ("state_slot_range", "outside the server's slots"),
+    ],
+)
+async def test_recorded_facts_that_disagree_with_the_process_fail(
+    child: Child, work: Path, change: str, reason: str
+) -> None:
+    args, slots, total = child.args, (STATE_SLOT,), None
+    if change == "total_slots":
+        total = 3
+    if change == "slot_path":
+        args = (*args, "--slot-save-path", str(work))
+    if change == "no_state_slot":
+        slots = ()
+    if change == "state_slot_range":
+        slots, total = (2,), 2
+    handle = make_handle(child, state_slots=slots, args=args, total_slots=total)
+    if change == "help":
+        handle.help_text = handle.help_text.replace("--slot-save-path", "--slot-something")
+    try:
+        await _expect_failure(handle, child, reason)
+    finally:
+        await handle.http.aclose()

@@ -1,0 +1,93 @@
+"""``werk models create-demo`` through the real CLI, and a crashed child inside ``werk serve``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_llamacpp_process_support import (
+    WERK,
+    create_demo,
+    gone,
+    llama_children,
+    needs_llama_server,
+    wait_until,
+    werk_env,
+    werk_serve,
+)
+
+pytestmark = pytest.mark.slow
+
+CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def identity(stdout: str) -> str:
+    line = stdout.strip().splitlines()[-1]
+    assert line.startswith("imported ") and " (llamacpp) identity sha256:" in line, stdout
+    return line.rsplit(" ", 1)[1]
+
+
+def test_create_demo_is_idempotent_per_seed(tmp_path: Path) -> None:
+    home = tmp_path / "werk-home"
+    first = identity(create_demo(home))
+    again = identity(create_demo(home))
+    other = identity(create_demo(home, "--id", "other", "--seed", "7"))
+    assert first == again and other != first
+    gguf = home / "models" / "files" / "demo.gguf"
+    assert gguf.is_file() and gguf.stat().st_size > 100_000
+    assert stat.S_IMODE((home / "models").stat().st_mode) == 0o700
+    listing = subprocess.run(
+        [str(WERK), "models", "list", "--json"],
+        env=werk_env(home),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    models = {m["id"]: m for m in json.loads(listing.stdout)["models"]}
+    assert models["demo"]["backend"] == "llamacpp" and models["demo"]["identity"] == first
+    assert models["other"]["identity"] == other
+    # The same seed written elsewhere (same file name): same bytes, same identity.
+    elsewhere = tmp_path / "elsewhere" / "demo.gguf"
+    copy = identity(create_demo(home, "--id", "copy", "--output", str(elsewhere)))
+    assert copy == first and elsewhere.read_bytes() == gguf.read_bytes()
+
+
+def test_create_demo_never_overwrites_a_foreign_file(tmp_path: Path) -> None:
+    home = tmp_path / "werk-home"
+    foreign = tmp_path / "mine.gguf"
+    foreign.write_bytes(b"my own model")
+    done = subprocess.run(
+        [str(WERK), "models", "create-demo", "--output", str(foreign)],
+        env=werk_env(home),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1 and "was not written by create-demo" in done.stderr
+    assert foreign.read_bytes() == b"my own model"
+
+
+@needs_llama_server
+def test_a_crashed_child_is_replaced_on_the_next_request(tmp_path: Path) -> None:
+    home = tmp_path / "werk-home"
+    create_demo(home)
+    with werk_serve(home) as served, served.client() as client:
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        (first,) = llama_children(served.process.pid)
+        os.kill(first.pid, signal.SIGKILL)
+        assert wait_until(lambda: gone(first.pid), timeout=15)
+
+        def state_rows() -> set[str]:
+            rows = client.get("/werk/v1/capabilities", params={"model": "demo"}).json()
+            return {r["status"] for r in rows["capabilities"] if r["id"].startswith("runtime.pd")}
+
+        assert wait_until(lambda: state_rows() == {"unavailable"}, timeout=15)
+        response = client.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 200, response.text
+        (second,) = llama_children(served.process.pid)
+        assert second.pid != first.pid

@@ -1,0 +1,68 @@
+"""The plugin's own runtime object (``werk.Runtime.handle``) for one managed llama-server.
+
+This module is the seam between the process layer (``process.py``, ``inspect.py``,
+``args.py``: starting, inspecting and reaping the child) and the state layer (``slots.py``,
+``probe.py``, ``states.py``: the functional probe and named states through the child's
+``/slots`` API). Both sides use only what is declared here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import httpx
+
+__all__ = ["LlamaHandle", "ProbeResult", "ProbeStatus"]
+
+
+class ProbeStatus(enum.Enum):
+    NOT_RUN = "not_run"
+    PASSED = "passed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    status: ProbeStatus
+    reason: str
+    """One line for the capability rows: why the state capabilities are (un)available."""
+
+
+@dataclass(eq=False)
+class LlamaHandle:
+    """Everything the plugin knows about one live llama-server child.
+
+    :ivar base_url: ``http://127.0.0.1:<port>`` of the child (loopback only).
+    :ivar api_key: the child's random per-spawn API key (sent as ``Authorization: Bearer``).
+    :ivar http: a pooled async client bound to the child (base_url and key already set).
+    :ivar pid: the child's process id.
+    :ivar generation: ``g_<hex>``, random per spawn (the same as ``Runtime.generation``).
+    :ivar slot_dir: the private (0700) ``--slot-save-path`` directory of this child.
+    :ivar total_slots: ``/props.total_slots`` (slot ids are validated against it; llama-server
+        wraps out-of-range ids).
+    :ivar state_slots: slot ids reserved for named states and the probe (never used by /v1).
+    :ivar help_text: the executable's ``--help`` output (what flags it advertises).
+    :ivar args: the effective argument list the child was started with.
+    :ivar probe: the functional probe result for THIS generation.
+    :ivar slot_lock: serialises every /slots operation and state prefill/decode on this child.
+    :ivar log_path: the child's captured stdout/stderr.
+    """
+
+    base_url: str
+    api_key: str
+    http: httpx.AsyncClient
+    pid: int
+    generation: str
+    slot_dir: Path
+    total_slots: int
+    state_slots: tuple[int, ...]
+    help_text: str
+    args: tuple[str, ...]
+    log_path: Path
+    probe: ProbeResult = field(
+        default_factory=lambda: ProbeResult(ProbeStatus.NOT_RUN, "the functional probe has not run")
+    )
+    slot_lock: anyio.Lock = field(default_factory=anyio.Lock)

@@ -1,0 +1,540 @@
+"""State slots of one llama-server child: who owns which slot, and the ``/slots`` API.
+
+**Ownership.** Named states live in the child's *state slots* (``LlamaHandle.state_slots``,
+never used by ``/v1``). A live state is a :class:`SlotState`: a slot id plus the slot's *epoch*.
+The :class:`SlotAllocator` bumps a slot's epoch every time the slot is (re)assigned or its content
+is discarded, so a handle whose slot was taken by a newer state is recognisably stale
+(:meth:`SlotAllocator.current`). Callers hold ``handle.slot_lock`` for every allocation and every
+request that touches a state slot; the allocator itself is plain bookkeeping.
+
+**Slot-bound inference** (:func:`complete_in_slot`) sends token ids to ``/completion`` with
+``cache_prompt: true`` and an explicit ``id_slot``, and returns the server's own reuse evidence:
+``timings.cache_n`` (prompt tokens taken from the slot's KV cells) and ``timings.prompt_n``
+(prompt tokens computed). ``tokens_cached`` is only the slot's length and proves nothing.
+
+**The API** (llama-server with ``--slot-save-path``), as observed on build 11434::
+
+    POST /slots/{id}?action=save    {"filename": F} -> {id_slot, filename, n_saved, n_written}
+    POST /slots/{id}?action=restore {"filename": F} -> {id_slot, filename, n_restored, n_read}
+    POST /slots/{id}?action=erase                   -> {id_slot, n_erased}
+    GET  /slots                                     -> [{id, n_ctx, is_processing, ...}]
+
+Errors come back as ``{"error": {"code", "message", "type"}}`` (HTTP 400 for an unreadable file
+or a bad name, 501 without ``--slot-save-path``). The server *wraps* out-of-range slot ids
+(``/slots/5`` with two slots acts on slot 1), so every id is validated here against
+``total_slots`` and the handle's state slots before a request is sent. File names are generated
+here only (``werk-<purpose>-<random>.slot``); the server would reject ``..`` and ``/`` anyway.
+A save does not fsync; :func:`save_slot` leaves that to the caller, who owns the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+import msgspec
+
+from werk import BackendError, ChatMessage, InvalidRequest, Unavailable
+
+from .handle import LlamaHandle
+
+__all__ = [
+    "Completion",
+    "EraseAck",
+    "LlamaRefused",
+    "RestoreAck",
+    "SaveAck",
+    "SlotAllocator",
+    "SlotState",
+    "allocator_for",
+    "check_state_slot",
+    "complete_in_slot",
+    "erase_slot",
+    "llama_json",
+    "new_slot_filename",
+    "new_slot_filename_ok",
+    "render_messages",
+    "restore_slot",
+    "save_slot",
+    "slot_is_idle",
+    "tokenize",
+]
+
+log = logging.getLogger("werk.llamacpp")
+
+SLOT_IO_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+"""Saving or restoring a multi-gigabyte slot is disk-bound; the bound is generous on purpose."""
+
+_FILENAME = re.compile(r"^werk-[a-z]+-[0-9a-f]{32}\.slot$")
+
+
+# -- live states and their slots ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """A live named state: the prompt tokens evaluated in one state slot of one child.
+
+    :ivar slot: the state slot holding the KV cells.
+    :ivar epoch: the slot's epoch when this state was made (stale once the slot moves on).
+    :ivar generation: the process generation of the child.
+    :ivar tokens: the prompt's token ids, resent on decode so the server matches the cached
+        prefix (never shown in ``repr``: they are the prompt).
+    """
+
+    slot: int
+    epoch: int
+    generation: str
+    tokens: tuple[int, ...] = field(repr=False)
+
+
+@dataclass
+class SlotAllocator:
+    """Epochs and recency of one child's state slots (callers hold ``handle.slot_lock``).
+
+    A slot is *free* before its first assignment and after :meth:`retire`; :meth:`acquire`
+    prefers free slots, then the least recently used one (evicting the state in it).
+    """
+
+    slots: tuple[int, ...]
+    _epochs: dict[int, int] = field(default_factory=dict)
+    _used: dict[int, int] = field(default_factory=dict)
+    _clock: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.slots or len(set(self.slots)) != len(self.slots):
+            raise ValueError("a slot allocator needs distinct state slots")
+        self._epochs = {slot: 0 for slot in self.slots}
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def acquire(self) -> tuple[int, int]:
+        """Assign a slot to a new state: ``(slot, epoch)``. Any state in it becomes stale."""
+        free = [s for s in self.slots if s not in self._used]
+        slot = free[0] if free else min(self.slots, key=lambda s: self._used[s])
+        self._epochs[slot] += 1
+        self._used[slot] = self._tick()
+        return slot, self._epochs[slot]
+
+    def current(self, slot: int, epoch: int) -> bool:
+        """Whether the state made at ``epoch`` still owns ``slot``."""
+        return self._epochs.get(slot) == epoch
+
+    def touch(self, slot: int) -> None:
+        if slot in self._used:
+            self._used[slot] = self._tick()
+
+    def retire(self, slot: int) -> None:
+        """The slot's content is gone (erased or unknown): stale its state, make it free."""
+        if slot in self._epochs:
+            self._epochs[slot] += 1
+            self._used.pop(slot, None)
+
+
+_ALLOCATORS: weakref.WeakKeyDictionary[LlamaHandle, SlotAllocator] = weakref.WeakKeyDictionary()
+
+
+def allocator_for(handle: LlamaHandle) -> SlotAllocator:
+    """The allocator of ``handle``'s state slots (one per child, created on first use)."""
+    allocator = _ALLOCATORS.get(handle)
+    if allocator is None:
+        for slot in handle.state_slots:
+            check_state_slot(handle, slot)
+        allocator = SlotAllocator(tuple(handle.state_slots))
+        _ALLOCATORS[handle] = allocator
+    return allocator
+
+
+def check_state_slot(handle: LlamaHandle, slot: int) -> int:
+    """``slot`` if it is one of the handle's state slots and below ``total_slots``.
+
+    llama-server wraps out-of-range ids instead of refusing them, so an unchecked id could act
+    on a slot that serves ``/v1`` traffic.
+    """
+    if isinstance(slot, bool) or not isinstance(slot, int):
+        raise BackendError(f"slot id {slot!r} is not an integer")
+    if not 0 <= slot < handle.total_slots:
+        raise BackendError(f"slot id {slot} is outside 0..{handle.total_slots - 1}")
+    if slot not in handle.state_slots:
+        raise BackendError(f"slot {slot} is not one of this process's state slots")
+    return slot
+
+
+def new_slot_filename(purpose: str) -> str:
+    """A fresh Werk-generated file name for the slot directory (``werk-<purpose>-<hex>.slot``)."""
+    name = f"werk-{purpose}-{secrets.token_hex(16)}.slot"
+    if not _FILENAME.match(name):
+        raise ValueError(f"slot file purpose {purpose!r} must be lower-case letters")
+    return name
+
+
+# -- HTTP --------------------------------------------------------------------------------------
+
+
+class LlamaRefused(Exception):
+    """llama-server answered with an HTTP error. ``summary`` is Werk's one-line description;
+    the server's own message is kept for the log only."""
+
+    def __init__(self, what: str, status: int, error_type: str, server_message: str) -> None:
+        self.status = status
+        self.error_type = error_type
+        self.server_message = server_message
+        self.summary = f"llama-server refused {what} (HTTP {status} {error_type})"
+        super().__init__(self.summary)
+
+
+def _error_fields(response: httpx.Response) -> tuple[str, str]:
+    try:
+        body = response.json()
+    except ValueError:
+        return "unknown", ""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return "unknown", ""
+    kind, message = error.get("type"), error.get("message")
+    return (
+        kind if isinstance(kind, str) and kind.isidentifier() else "unknown",
+        message if isinstance(message, str) else "",
+    )
+
+
+def _never_sent(exc: httpx.TransportError) -> bool:
+    """Whether ``exc`` means the request failed before any response byte arrived."""
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "without sending" in str(exc)
+    return isinstance(exc, httpx.WriteError | httpx.ConnectError)
+
+
+async def _send(
+    client: httpx.AsyncClient,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    timeout: httpx.Timeout | float,
+) -> httpx.Response:
+    return await client.request(method, path, json=body, timeout=timeout)
+
+
+async def llama_json(
+    handle: LlamaHandle,
+    method: str,
+    path: str,
+    what: str,
+    *,
+    body: dict[str, Any] | None = None,
+    timeout: httpx.Timeout | float = SLOT_IO_TIMEOUT,
+) -> Any:
+    """Send one JSON request to the child and return the decoded JSON answer.
+
+    A request that fails *before any response byte* (this llama-server sometimes closes a pooled
+    keep-alive connection right after a streamed response) is retried once, on a new connection
+    outside the pool: nothing was received, so the server did not answer it twice.
+
+    :param what: a few words for errors (``"slot save"``).
+    :raises LlamaRefused: the server answered with an HTTP error status.
+    :raises werk.Unavailable: the child does not answer (it is probably dead).
+    :raises werk.BackendError: no answer in time, or the answer is not JSON.
+    """
+    try:
+        try:
+            response = await _send(handle.http, method, path, body, timeout)
+        except httpx.TransportError as exc:
+            if not _never_sent(exc):
+                raise
+            log.debug("llama-server dropped a connection before %s; retrying once", what)
+            async with httpx.AsyncClient(
+                base_url=handle.base_url,
+                headers={"Authorization": f"Bearer {handle.api_key}"},
+                limits=httpx.Limits(max_keepalive_connections=0),
+                trust_env=False,
+            ) as fresh:
+                response = await _send(fresh, method, path, body, timeout)
+    except httpx.TimeoutException:
+        raise BackendError(f"llama-server did not finish {what} in time") from None
+    except httpx.TransportError:
+        raise Unavailable(f"llama-server is not answering ({what})", retryable=True) from None
+    if response.status_code >= 400:
+        error_type, message = _error_fields(response)
+        log.warning("llama-server refused %s: HTTP %s %s", what, response.status_code, message)
+        raise LlamaRefused(what, response.status_code, error_type, message)
+    try:
+        return response.json()
+    except ValueError:
+        raise BackendError(f"llama-server's answer to {what} is not JSON") from None
+
+
+_Ack = TypeVar("_Ack", bound=msgspec.Struct)
+
+
+def _ack(kind: type[_Ack], data: Any, what: str) -> _Ack:
+    try:
+        return msgspec.convert(data, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        raise BackendError(f"llama-server's answer to {what} is malformed ({exc})") from None
+
+
+class SaveAck(msgspec.Struct, frozen=True):
+    id_slot: int
+    filename: str
+    n_saved: int
+    n_written: int
+
+
+class RestoreAck(msgspec.Struct, frozen=True):
+    id_slot: int
+    filename: str
+    n_restored: int
+    n_read: int
+
+
+class EraseAck(msgspec.Struct, frozen=True):
+    id_slot: int
+    n_erased: int
+
+
+def _check_echo(ack: SaveAck | RestoreAck | EraseAck, slot: int, filename: str | None) -> None:
+    if ack.id_slot != slot:
+        raise BackendError(f"llama-server acknowledged slot {ack.id_slot}, not slot {slot}")
+    if filename is not None and getattr(ack, "filename", filename) != filename:
+        raise BackendError("llama-server acknowledged another file name than the one sent")
+
+
+async def save_slot(handle: LlamaHandle, slot: int, filename: str) -> SaveAck:
+    """``action=save`` of ``slot`` into ``handle.slot_dir / filename`` (not fsynced).
+
+    :raises werk.BackendError: refused, malformed, or an acknowledgement of nothing saved.
+    """
+    check_state_slot(handle, slot)
+    new_slot_filename_ok(filename)
+    try:
+        data = await llama_json(
+            handle, "POST", f"/slots/{slot}?action=save", "slot save", body={"filename": filename}
+        )
+    except LlamaRefused as exc:
+        raise BackendError(exc.summary) from None
+    ack = _ack(SaveAck, data, "slot save")
+    _check_echo(ack, slot, filename)
+    if ack.n_saved <= 0 or ack.n_written <= 0:
+        raise BackendError(
+            f"llama-server saved {ack.n_saved} tokens in {ack.n_written} bytes from slot {slot}"
+        )
+    return ack
+
+
+async def restore_slot(handle: LlamaHandle, slot: int, filename: str) -> RestoreAck:
+    """``action=restore`` of ``handle.slot_dir / filename`` into ``slot``.
+
+    The acknowledged counts are returned unchecked: the caller compares them with what it knows
+    about the file. llama-server clears the slot itself when a restore fails.
+
+    :raises werk.BackendError: refused or malformed.
+    """
+    check_state_slot(handle, slot)
+    new_slot_filename_ok(filename)
+    try:
+        data = await llama_json(
+            handle,
+            "POST",
+            f"/slots/{slot}?action=restore",
+            "slot restore",
+            body={"filename": filename},
+        )
+    except LlamaRefused as exc:
+        raise BackendError(exc.summary) from None
+    ack = _ack(RestoreAck, data, "slot restore")
+    _check_echo(ack, slot, filename)
+    return ack
+
+
+async def erase_slot(handle: LlamaHandle, slot: int) -> int:
+    """``action=erase`` of ``slot``; returns how many tokens it held (``n_erased``).
+
+    :raises werk.BackendError: refused or malformed.
+    """
+    check_state_slot(handle, slot)
+    try:
+        data = await llama_json(handle, "POST", f"/slots/{slot}?action=erase", "slot erase")
+    except LlamaRefused as exc:
+        raise BackendError(exc.summary) from None
+    ack = _ack(EraseAck, data, "slot erase")
+    _check_echo(ack, slot, None)
+    if ack.n_erased < 0:
+        raise BackendError(f"llama-server erased {ack.n_erased} tokens")
+    return ack.n_erased
+
+
+class _SlotInfo(msgspec.Struct, frozen=True):
+    id: int
+    is_processing: bool
+
+
+async def slot_is_idle(handle: LlamaHandle, slot: int) -> bool:
+    """Whether ``GET /slots`` reports ``slot`` as not processing.
+
+    :raises werk.BackendError: the monitoring endpoint is off (``--no-slots``), or the slot is
+        missing from its answer: idleness cannot be shown, so Werk does not assume it.
+    """
+    check_state_slot(handle, slot)
+    try:
+        data = await llama_json(handle, "GET", "/slots", "slot listing", timeout=30.0)
+    except LlamaRefused as exc:
+        raise BackendError(exc.summary) from None
+    slots = _ack(_SlotList, {"slots": data}, "slot listing").slots
+    matches = [s for s in slots if s.id == slot]
+    if len(matches) != 1:
+        raise BackendError(f"llama-server's slot listing does not show slot {slot} once")
+    return not matches[0].is_processing
+
+
+class _SlotList(msgspec.Struct, frozen=True):
+    slots: list[_SlotInfo]
+
+
+def new_slot_filename_ok(filename: str) -> str:
+    """``filename`` if it is a name :func:`new_slot_filename` could have produced."""
+    if not _FILENAME.match(filename):
+        raise BackendError("refusing a slot file name that Werk did not generate")
+    return filename
+
+
+# -- slot-bound inference ----------------------------------------------------------------------
+
+INFERENCE_TIMEOUT = httpx.Timeout(3600.0, connect=10.0)
+"""A long prompt on a large model on CPUs can take minutes to prefill."""
+
+
+class Timings(msgspec.Struct, frozen=True):
+    cache_n: int
+    prompt_n: int
+    predicted_n: int
+
+
+class Completion(msgspec.Struct, frozen=True):
+    """The fields of a non-streamed ``/completion`` answer that Werk relies on."""
+
+    content: str
+    id_slot: int
+    stop_type: str
+    truncated: bool
+    tokens_predicted: int
+    timings: Timings
+
+
+def _inference_error(exc: LlamaRefused) -> Exception:
+    if exc.error_type == "exceed_context_size_error":
+        return InvalidRequest("the prompt does not fit in the context of a llama-server state slot")
+    return BackendError(exc.summary)
+
+
+async def tokenize(handle: LlamaHandle, text: str) -> tuple[int, ...]:
+    """The token ids ``/completion`` itself would evaluate for ``text``.
+
+    ``/completion`` tokenizes a string prompt with special tokens added and parsed
+    (``add_special``/``parse_special`` true); ``/tokenize`` is asked for exactly that.
+    """
+    try:
+        data = await llama_json(
+            handle,
+            "POST",
+            "/tokenize",
+            "tokenization",
+            body={"content": text, "add_special": True, "parse_special": True},
+            timeout=INFERENCE_TIMEOUT,
+        )
+    except LlamaRefused as exc:
+        raise BackendError(exc.summary) from None
+    tokens = _ack(_Tokens, data, "tokenization").tokens
+    if not tokens:
+        raise InvalidRequest("the prompt is empty after tokenization")
+    return tuple(tokens)
+
+
+class _Tokens(msgspec.Struct, frozen=True):
+    tokens: list[int]
+
+
+class _Rendered(msgspec.Struct, frozen=True):
+    prompt: str
+
+
+async def render_messages(handle: LlamaHandle, messages: Sequence[ChatMessage]) -> str:
+    """The prompt text the child's chat template makes of ``messages``.
+
+    Uses the child's own ``POST /apply-template`` (the same rendering ``/v1/chat/completions``
+    applies, with the generation prompt appended), so a prefilled chat and a proxied chat agree
+    token for token. A server without that route cannot prefill messages.
+    """
+    body = {"messages": [{"role": m.role, "content": m.content} for m in messages]}
+    try:
+        data = await llama_json(
+            handle, "POST", "/apply-template", "chat template rendering", body=body, timeout=60.0
+        )
+    except LlamaRefused as exc:
+        if exc.status == 404:
+            raise Unavailable(
+                "this llama-server cannot render chat templates (/apply-template is missing); "
+                "send a prompt instead of messages",
+                capability="runtime.pd.prefill",
+            ) from None
+        raise BackendError(exc.summary) from None
+    return _ack(_Rendered, data, "chat template rendering").prompt
+
+
+async def complete_in_slot(
+    handle: LlamaHandle,
+    slot: int,
+    tokens: Sequence[int],
+    *,
+    n_predict: int,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+) -> Completion:
+    """Evaluate ``tokens`` in ``slot`` (reusing its cached prefix) and generate ``n_predict``.
+
+    ``n_predict: 0`` is accepted by this server: it evaluates the whole prompt into the slot,
+    samples one token (``tokens_predicted: 1``) and stops without evaluating that token, so the
+    slot then holds exactly the prompt. ``temperature <= 0`` is greedy decoding.
+
+    :raises werk.InvalidRequest: the prompt exceeds the slot's context.
+    :raises werk.BackendError: refused, malformed, or answered from another slot.
+    """
+    check_state_slot(handle, slot)
+    body: dict[str, Any] = {
+        "prompt": list(tokens),
+        "n_predict": n_predict,
+        "cache_prompt": True,
+        "id_slot": slot,
+        "temperature": temperature,
+        "stream": False,
+    }
+    if seed is not None:
+        body["seed"] = seed
+    if stop:
+        body["stop"] = list(stop)
+    try:
+        data = await llama_json(
+            handle, "POST", "/completion", "completion", body=body, timeout=INFERENCE_TIMEOUT
+        )
+    except LlamaRefused as exc:
+        raise _inference_error(exc) from None
+    answer = _ack(Completion, data, "completion")
+    if answer.id_slot != slot:
+        raise BackendError(f"llama-server answered from slot {answer.id_slot}, not slot {slot}")
+    timings = answer.timings
+    if min(timings.cache_n, timings.prompt_n) < 0 or timings.cache_n + timings.prompt_n != len(
+        tokens
+    ):
+        raise BackendError(
+            "llama-server's prompt accounting is inconsistent "
+            f"(cache_n {timings.cache_n} + prompt_n {timings.prompt_n} != {len(tokens)} tokens)"
+        )
+    return answer

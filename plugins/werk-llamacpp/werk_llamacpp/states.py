@@ -1,0 +1,442 @@
+"""Named states on a managed llama-server: prefill, snapshot, restore and decode.
+
+The four operation hooks of the llama.cpp backend, wired by ``plugin.py``. All of them hold
+``handle.slot_lock`` while they touch a state slot, so slot allocation, ``/slots`` actions and
+slot-bound completions never interleave on one child.
+
+**Live states** are ``BackendState(kind=handle)`` whose ``handle`` is a
+:class:`~werk_llamacpp.slots.SlotState` (slot id, slot epoch, generation, prompt tokens). A state
+whose slot was since given to another state (the epoch moved on) is *stale*: decoding it is an
+error, never a silent re-prefill.
+
+**Prefill** runs the functional probe first when this generation has not run it (the host lets an
+opted-in Prefill through while the capability is still ``unavailable``) and refuses with
+``unavailable`` when it failed. Messages are rendered by the child's own chat template
+(``/apply-template``), then tokenized by the child. The prompt is evaluated with ``/completion``
+(``cache_prompt: true``, ``id_slot``, ``n_predict: 0``): a new state gets an erased slot, so its
+``cached_tokens`` is 0; with ``reuse_from`` the prompt continues in that state's slot and
+``cached_tokens`` is the server's own ``timings.cache_n``. A stale ``reuse_from`` raises
+``reuse_unavailable`` under ``reuse: required``; under ``prefer`` the prompt is evaluated afresh in
+a new slot and ``cached_tokens`` reports the (absent) reuse truthfully.
+
+**Snapshot** saves the slot under a Werk-generated name in the private slot directory and seals
+the file: the server's bytes (exactly ``n_written`` of them), then a JSON trailer (format,
+generation, ``n_saved``, ``n_written``, the prompt tokens), its length and a magic. The file is
+fsynced (the server does not) and handed to the host as a ``file`` payload.
+
+**Restore** moves (or copies) the host's scratch file into the slot directory under a fresh name,
+checks the trailer (a payload of another generation is ``incompatible_state``), cuts the file
+back to the server's bytes, restores it into an idle state slot and requires the acknowledged
+``n_restored``/``n_read`` to equal the recorded ``n_saved``/``n_written``. Any failure erases that
+slot before anyone else can use it.
+
+**Decode** resends the state's prompt tokens to its slot with the sampling parameters and requires
+``timings.cache_n >= tokens - 1``: the prefix came from the slot. Otherwise the server has just
+recomputed the prompt, and decode fails (``backend_error``) instead of returning that text.
+llama.cpp seeds are 32-bit: a larger seed is reduced modulo ``2**32 - 1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import struct
+from pathlib import Path
+from typing import Final, Literal
+
+import anyio
+import msgspec
+
+from werk import (
+    BackendError,
+    BackendState,
+    CapabilityId,
+    DecodeCall,
+    DecodeOutcome,
+    FinishReason,
+    IncompatibleState,
+    InvalidRequest,
+    PrefillCall,
+    PrefillOutcome,
+    Reuse,
+    ReuseUnavailable,
+    Runtime,
+    StateKind,
+    Unavailable,
+    WerkError,
+)
+
+from .handle import LlamaHandle, ProbeStatus
+from .probe import run_probe
+from .slots import (
+    LlamaRefused,
+    SlotState,
+    allocator_for,
+    complete_in_slot,
+    erase_slot,
+    new_slot_filename,
+    render_messages,
+    restore_slot,
+    save_slot,
+    slot_is_idle,
+    tokenize,
+)
+
+__all__ = ["PAYLOAD_FORMAT", "decode", "prefill", "restore", "snapshot"]
+
+PAYLOAD_FORMAT: Final = "werk-llamacpp-slot/1"
+_MAGIC = b"WERKLCS1"
+_TAIL = struct.Struct("<Q8s")
+_MAX_META = 64 * 1024 * 1024
+_NOT_RESIDENT = "the state was not resident; refusing to re-prefill silently"
+
+
+class PayloadMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The trailer of a snapshot file (after the server's own ``n_written`` bytes)."""
+
+    format: Literal["werk-llamacpp-slot/1"]
+    generation: str
+    n_saved: int
+    n_written: int
+    tokens: list[int]
+
+
+# -- shared checks -----------------------------------------------------------------------------
+
+
+def _handle_of(runtime: Runtime) -> LlamaHandle:
+    handle = runtime.handle
+    if not isinstance(handle, LlamaHandle) or not runtime.alive:
+        raise Unavailable("the llama-server process is not running", retryable=True)
+    return handle
+
+
+def _require_probe(handle: LlamaHandle, capability: CapabilityId) -> None:
+    if handle.probe.status is not ProbeStatus.PASSED:
+        raise Unavailable(
+            f"{capability} is unavailable: {handle.probe.reason}", capability=capability
+        )
+
+
+def _slot_state(handle: LlamaHandle, state: BackendState) -> SlotState:
+    """The live :class:`SlotState` of ``state``, checked against this generation."""
+    live = state.handle if state.kind is StateKind.HANDLE else None
+    if not isinstance(live, SlotState):
+        raise BackendError("this is not a live llama.cpp state")
+    if live.generation != handle.generation or state.generation != handle.generation:
+        raise IncompatibleState("the state belongs to another llama-server process generation")
+    return live
+
+
+def _live(handle: LlamaHandle, slot: int, epoch: int, tokens: tuple[int, ...]) -> BackendState:
+    return BackendState(
+        kind=StateKind.HANDLE,
+        handle=SlotState(slot=slot, epoch=epoch, generation=handle.generation, tokens=tokens),
+        generation=handle.generation,
+        tokens=len(tokens),
+    )
+
+
+async def _discard(handle: LlamaHandle, slot: int, error: BaseException) -> None:
+    """Erase ``slot`` (shielded, best effort) and stale whatever state it held, unless ``error``
+    is a refusal that left the slot untouched (a prompt that does not fit its context)."""
+    if isinstance(error, InvalidRequest):
+        return
+    with anyio.CancelScope(shield=True):
+        allocator_for(handle).retire(slot)
+        with contextlib.suppress(WerkError, LlamaRefused):
+            await erase_slot(handle, slot)
+
+
+async def _unlink(path: Path) -> None:
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
+
+
+# -- prefill -----------------------------------------------------------------------------------
+
+
+async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
+    """Evaluate the prompt in a state slot; see the module docstring."""
+    handle = _handle_of(runtime)
+    async with handle.slot_lock:
+        if handle.probe.status is ProbeStatus.NOT_RUN:
+            handle.probe = await run_probe(handle)
+        _require_probe(handle, CapabilityId.PD_PREFILL)
+        if call.prompt is not None:
+            text = call.prompt
+        elif call.messages is not None:
+            text = await render_messages(handle, call.messages)
+        else:
+            raise InvalidRequest("a prefill needs a prompt or messages")
+        tokens = await tokenize(handle, text)
+        allocator = allocator_for(handle)
+        target: tuple[int, int] | None = None
+        if call.reuse_from is not None:
+            target = await _reuse_target(handle, call)
+        fresh = target is None
+        if target is None:
+            target = allocator.acquire()
+        slot, epoch = target
+        try:
+            if fresh:
+                await erase_slot(handle, slot)
+            answer = await complete_in_slot(handle, slot, tokens, n_predict=0)
+        except BaseException as exc:
+            await _discard(handle, slot, exc)
+            raise
+        allocator.touch(slot)
+    return PrefillOutcome(
+        state=_live(handle, slot, epoch, tokens),
+        prompt_tokens=len(tokens),
+        cached_tokens=answer.timings.cache_n,
+    )
+
+
+async def _reuse_target(handle: LlamaHandle, call: PrefillCall) -> tuple[int, int] | None:
+    """The ``(slot, epoch)`` to continue in, or ``None`` to evaluate afresh (``prefer``)."""
+    reuse_from = call.reuse_from
+    assert reuse_from is not None
+    if reuse_from.kind in (StateKind.FILE, StateKind.BYTES):
+        restored = await _restore_locked(handle, reuse_from)
+        live = _slot_state(handle, restored)
+        return live.slot, live.epoch
+    live = _slot_state(handle, reuse_from)
+    if allocator_for(handle).current(live.slot, live.epoch):
+        return live.slot, live.epoch
+    if call.policy.reuse is Reuse.REQUIRED:
+        raise ReuseUnavailable(
+            "the reusable state is no longer resident in llama-server (its slot was reassigned)"
+        )
+    return None
+
+
+# -- snapshot ----------------------------------------------------------------------------------
+
+
+async def snapshot(runtime: Runtime, state: BackendState) -> BackendState:
+    """Save a live state's slot as a sealed, fsynced ``file`` payload; see the module docstring."""
+    handle = _handle_of(runtime)
+    live = _slot_state(handle, state)
+    async with handle.slot_lock:
+        _require_probe(handle, CapabilityId.STATE_PERSISTENCE)
+        allocator = allocator_for(handle)
+        if not allocator.current(live.slot, live.epoch):
+            raise BackendError("the state is no longer resident in llama-server; cannot save it")
+        filename = new_slot_filename("snapshot")
+        path = handle.slot_dir / filename
+        try:
+            ack = await save_slot(handle, live.slot, filename)
+            if ack.n_saved < len(live.tokens):
+                raise BackendError(
+                    f"llama-server saved {ack.n_saved} tokens of a {len(live.tokens)}-token state"
+                )
+            meta = PayloadMeta(
+                format=PAYLOAD_FORMAT,
+                generation=handle.generation,
+                n_saved=ack.n_saved,
+                n_written=ack.n_written,
+                tokens=list(live.tokens),
+            )
+            try:
+                await anyio.to_thread.run_sync(lambda: _seal(path, meta))
+            except OSError as exc:
+                raise BackendError(f"the slot file could not be sealed ({exc.strerror})") from None
+        except BaseException:
+            await _unlink(path)
+            raise
+        allocator.touch(live.slot)
+    return BackendState(
+        kind=StateKind.FILE,
+        path=path,
+        generation=handle.generation,
+        logical_bytes=ack.n_written,
+        tokens=ack.n_saved,
+    )
+
+
+def _seal(path: Path, meta: PayloadMeta) -> None:
+    """Check the server's file, append the trailer, make it owner-only and durable."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        info = os.fstat(fd)
+        if info.st_size != meta.n_written:
+            raise BackendError(
+                f"the slot file has {info.st_size} bytes, llama-server reported {meta.n_written}"
+            )
+        os.fchmod(fd, 0o600)
+        encoded = msgspec.json.encode(meta)
+        os.lseek(fd, 0, os.SEEK_END)
+        _write_all(fd, encoded + _TAIL.pack(len(encoded), _MAGIC))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# -- restore -----------------------------------------------------------------------------------
+
+
+async def restore(runtime: Runtime, payload: BackendState) -> BackendState:
+    """Load a sealed snapshot into an idle state slot; see the module docstring."""
+    handle = _handle_of(runtime)
+    async with handle.slot_lock:
+        return await _restore_locked(handle, payload)
+
+
+async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> BackendState:
+    _require_probe(handle, CapabilityId.STATE_RESTORE)
+    if payload.kind not in (StateKind.FILE, StateKind.BYTES):
+        raise BackendError("a llama.cpp restore needs a file or bytes payload")
+    filename = new_slot_filename("restore")
+    dest = handle.slot_dir / filename
+    try:
+        try:
+            meta = await anyio.to_thread.run_sync(lambda: _adopt(payload, dest))
+        except OSError as exc:
+            raise BackendError(f"the snapshot payload could not be read ({exc.strerror})") from None
+        if meta.generation != handle.generation:
+            raise IncompatibleState(
+                "the snapshot was made by another llama-server process generation"
+            )
+        allocator = allocator_for(handle)
+        slot, epoch = allocator.acquire()
+        try:
+            if not await slot_is_idle(handle, slot):
+                raise BackendError(f"state slot {slot} is busy; refusing to restore into it")
+            ack = await restore_slot(handle, slot, filename)
+            if ack.n_restored != meta.n_saved or ack.n_read != meta.n_written:
+                raise BackendError(
+                    f"llama-server restored {ack.n_restored} tokens / {ack.n_read} bytes, "
+                    f"the snapshot holds {meta.n_saved} / {meta.n_written}"
+                )
+        except BaseException as exc:
+            await _discard(handle, slot, exc)
+            raise
+        allocator.touch(slot)
+    finally:
+        await _unlink(dest)
+    tokens = tuple(meta.tokens)
+    return BackendState(
+        kind=StateKind.HANDLE,
+        handle=SlotState(slot=slot, epoch=epoch, generation=handle.generation, tokens=tokens),
+        generation=handle.generation,
+        tokens=len(tokens),
+        logical_bytes=meta.n_written,
+    )
+
+
+def _adopt(payload: BackendState, dest: Path) -> PayloadMeta:
+    """Place the payload at ``dest`` (a rename when possible), check and strip its trailer."""
+    if payload.kind is StateKind.BYTES:
+        assert payload.data is not None
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            _write_all(fd, payload.data)
+        finally:
+            os.close(fd)
+    else:
+        assert payload.path is not None
+        _move_or_copy(payload.path, dest)
+    fd = os.open(dest, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        size = os.fstat(fd).st_size
+        if size < _TAIL.size:
+            raise BackendError("the snapshot payload is truncated")
+        meta_len, magic = _TAIL.unpack(os.pread(fd, _TAIL.size, size - _TAIL.size))
+        if magic != _MAGIC:
+            raise BackendError("the payload is not a Werk llama.cpp snapshot")
+        if not 0 < meta_len <= min(_MAX_META, size - _TAIL.size):
+            raise BackendError("the snapshot payload's trailer is malformed")
+        body_len = size - _TAIL.size - meta_len
+        raw = os.pread(fd, meta_len, body_len)
+        try:
+            meta = msgspec.json.decode(raw, type=PayloadMeta, strict=True)
+        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+            raise BackendError(f"the snapshot payload's trailer is malformed ({exc})") from None
+        if meta.n_written != body_len or meta.n_written <= 0:
+            raise BackendError("the snapshot payload's length disagrees with its trailer")
+        if not meta.tokens or meta.n_saved < len(meta.tokens):
+            raise BackendError("the snapshot payload's token counts are inconsistent")
+        os.ftruncate(fd, body_len)
+    finally:
+        os.close(fd)
+    return meta
+
+
+def _move_or_copy(source: Path, dest: Path) -> None:
+    try:
+        os.rename(source, dest)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    src_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        dst_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(src_fd, "rb", closefd=False) as src, os.fdopen(dst_fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1024 * 1024)
+    finally:
+        os.close(src_fd)
+
+
+# -- decode ------------------------------------------------------------------------------------
+
+
+_FINISH = {"limit": FinishReason.LENGTH, "eos": FinishReason.STOP, "word": FinishReason.STOP}
+
+
+async def decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
+    """Continue from a live state's slot; see the module docstring."""
+    handle = _handle_of(runtime)
+    live = _slot_state(handle, call.state)
+    if call.max_tokens < 1:
+        raise InvalidRequest("max_tokens must be at least 1")
+    seed = None if call.seed is None else call.seed % (2**32 - 1)
+    async with handle.slot_lock:
+        _require_probe(handle, CapabilityId.PD_DECODE)
+        allocator = allocator_for(handle)
+        if not allocator.current(live.slot, live.epoch):
+            raise BackendError(f"{_NOT_RESIDENT} (its slot was given to another state)")
+        try:
+            answer = await complete_in_slot(
+                handle,
+                live.slot,
+                live.tokens,
+                n_predict=call.max_tokens,
+                temperature=call.temperature,
+                seed=seed,
+                stop=call.stop,
+            )
+        except BaseException as exc:
+            await _discard(handle, live.slot, exc)
+            raise
+        if answer.timings.cache_n < len(live.tokens) - 1:
+            allocator.retire(live.slot)
+            raise BackendError(
+                f"{_NOT_RESIDENT} (llama-server reused {answer.timings.cache_n} of "
+                f"{len(live.tokens)} prompt tokens)"
+            )
+        allocator.touch(live.slot)
+    finish = FinishReason.LENGTH if answer.truncated else _FINISH.get(answer.stop_type)
+    if finish is None:
+        raise BackendError(
+            f"llama-server stopped decoding for an unknown reason ({answer.stop_type})"
+        )
+    return DecodeOutcome(
+        text=answer.content,
+        finish_reason=finish,
+        completion_tokens=answer.timings.predicted_n,
+    )
