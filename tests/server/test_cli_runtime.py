@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 
 from werk.cli import app
 from werk.cli import runtime as runtime_cli
-from werk.cli.runtime_states import parse_duration
+from werk.cli.runtime.states import parse_duration
 from werk.client import DEFAULT_SERVER as CLIENT_DEFAULT_SERVER
 from werk.protocol import (
     AuthMode,

@@ -1,47 +1,44 @@
 """``werk runtime states â€¦``: list, inspect, prune, pin and move the caller's named states.
 
 Every mutation (prune, pin, tier) is sent with ``dry_run: true`` unless ``--execute`` is given,
-so the default is always a preview computed by the server. Registered on
-:data:`werk.cli.runtime.runtime_app` when :mod:`werk.cli.runtime` is imported.
+so the default is always a preview computed by the server.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
 
-from ..protocol import (
+from ...protocol import (
     PinRequest,
     PinResult,
     PruneFilter,
     PruneRequest,
     PruneResult,
+    StateList,
+    StateSummary,
     Tier,
     TierRequest,
     TierResult,
 )
-from ._output import emit_json
-from .runtime import (
+from ._common import (
     DEFAULT_SERVER,
     DEFAULT_TIMEOUT,
-    STATE_COLUMNS,
     Connection,
     ExecuteOpt,
     JsonOpt,
     KeyFileOpt,
     ServerOpt,
     TimeoutOpt,
-    connect,
-    runtime_app,
-    show,
-    size,
-    state_rows,
-    table,
+    model_option,
+    respond,
 )
+from ._render import show, size, table
 
-__all__ = ["parse_duration", "states_app"]
+__all__ = ["STATE_COLUMNS", "build_prune", "parse_duration", "state_rows", "states_app"]
 
 MAX_OLDER_THAN_SECONDS = 10 * 365 * 86400  # PruneFilter.older_than_seconds bound
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -57,7 +54,39 @@ states_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-runtime_app.add_typer(states_app, name="states")
+
+
+STATE_COLUMNS = (
+    "ID",
+    "MODEL",
+    "TIER",
+    "STATUS",
+    "SIZE",
+    "CREATED",
+    "LAST USED",
+    "EXPIRES",
+    "PINNED",
+    "REUSABLE",
+)
+
+
+def state_rows(states: Sequence[StateSummary]) -> list[list[Any]]:
+    """Table rows for state summaries (see :data:`STATE_COLUMNS`)."""
+    return [
+        [
+            s.id,
+            s.model,
+            s.tier.value,
+            s.status.value,
+            size(s.logical_bytes),
+            s.created_at,
+            s.last_accessed_at,
+            s.expires_at or "never",
+            s.pinned,
+            s.reusable,
+        ]
+        for s in states
+    ]
 
 
 def parse_duration(text: str) -> int:
@@ -85,9 +114,7 @@ StateIdArg = Annotated[str, typer.Argument(metavar="ID", help="A state id (st_â€
 
 @states_app.command("list")
 def list_states(
-    model: Annotated[
-        str | None, typer.Option("--model", metavar="ID", help="Only this model's states.")
-    ] = None,
+    model: Annotated[str | None, model_option("Only this model's states.")] = None,
     tier: Annotated[Tier | None, typer.Option("--tier", help="Only states in this tier.")] = None,
     pinned: Annotated[
         bool | None,
@@ -102,11 +129,15 @@ def list_states(
 ) -> None:
     """List your ready states (GET /werk/v1/states). Read-only: nothing is created, repaired,
     touched or expired by listing. `reusable` means a live runtime could resume from it now."""
-    with connect(Connection(server, api_key_file, timeout), as_json) as client:
-        listing = client.list_states(model=model, tier=tier, pinned=pinned)
-    if as_json:
-        emit_json(listing)
-        return
+    respond(
+        Connection(server, api_key_file, timeout),
+        as_json,
+        lambda client: client.list_states(model=model, tier=tier, pinned=pinned),
+        _print_states,
+    )
+
+
+def _print_states(listing: StateList) -> None:
     if not listing.states:
         show("No states.")
         return
@@ -123,11 +154,15 @@ def inspect(
 ) -> None:
     """Show one state (GET /werk/v1/states/ID). Read-only. A state that is unknown, expired or
     owned by someone else is `not_found` (the server never says which)."""
-    with connect(Connection(server, api_key_file, timeout), as_json) as client:
-        summary = client.inspect_state(state_id)
-    if as_json:
-        emit_json(summary)
-        return
+    respond(
+        Connection(server, api_key_file, timeout),
+        as_json,
+        lambda client: client.inspect_state(state_id),
+        _print_state,
+    )
+
+
+def _print_state(summary: StateSummary) -> None:
     row = state_rows([summary])[0]
     show(table(None, ("", ""), list(zip(STATE_COLUMNS, row, strict=True))))
 
@@ -171,9 +206,7 @@ def prune(
         list[str] | None,
         typer.Option("--id", metavar="ID", help="Prune this state (repeatable)."),
     ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", metavar="ID", help="Filter: this model's states.")
-    ] = None,
+    model: Annotated[str | None, model_option("Filter: this model's states.")] = None,
     tier: Annotated[
         Tier | None, typer.Option("--tier", help="Filter: states in this tier.")
     ] = None,
@@ -214,12 +247,12 @@ def prune(
         all_states=all_states,
         execute=execute,
     )
-    with connect(Connection(server, api_key_file, timeout), as_json) as client:
-        result = client.prune_states(request)
-    if as_json:
-        emit_json(result)
-        return
-    _print_prune(result)
+    respond(
+        Connection(server, api_key_file, timeout),
+        as_json,
+        lambda client: client.prune_states(request),
+        _print_prune,
+    )
 
 
 def _print_prune(result: PruneResult) -> None:
@@ -266,12 +299,12 @@ def pin(
     the state as it would look afterwards.
     """
     request = PinRequest(pinned=not unpin, dry_run=not execute)
-    with connect(Connection(server, api_key_file, timeout), as_json) as client:
-        result = client.pin_state(state_id, request)
-    if as_json:
-        emit_json(result)
-        return
-    _print_pin(result, unpin)
+    respond(
+        Connection(server, api_key_file, timeout),
+        as_json,
+        lambda client: client.pin_state(state_id, request),
+        lambda result: _print_pin(result, unpin),
+    )
 
 
 def _print_pin(result: PinResult, unpin: bool) -> None:
@@ -300,12 +333,12 @@ def tier_command(
     without side effects answers `unsupported` and names the tier's capability.
     """
     request = TierRequest(target=target, dry_run=not execute)
-    with connect(Connection(server, api_key_file, timeout), as_json) as client:
-        result = client.tier_state(state_id, request)
-    if as_json:
-        emit_json(result)
-        return
-    _print_tier(result, target)
+    respond(
+        Connection(server, api_key_file, timeout),
+        as_json,
+        lambda client: client.tier_state(state_id, request),
+        lambda result: _print_tier(result, target),
+    )
 
 
 def _print_tier(result: TierResult, target: Tier) -> None:

@@ -1,0 +1,84 @@
+"""Terminal rendering for ``werk runtime``: consoles, borderless tables and sizes.
+
+Colour and box drawing only when the stream is a terminal; off a terminal the output is plain
+text without trailing blanks, so scripts and tests can compare it line by line. (The
+installation-level :func:`werk.cli._output.print_table` keeps rich's highlighting and trailing
+padding, so it is not used here.)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from rich.console import Console, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["console", "show", "size", "table"]
+
+
+def console(stream: TextIO | None = None) -> Console:
+    """A console on ``stream`` (stdout by default): colour only when it is a terminal."""
+    out = stream if stream is not None else sys.stdout
+    tty = out.isatty()
+    return Console(
+        file=out,
+        no_color=not tty,
+        width=None if tty else 400,
+        soft_wrap=False,
+        highlight=False,
+        markup=False,
+    )
+
+
+def show(renderable: RenderableType | str, stream: TextIO | None = None) -> None:
+    """Print ``renderable``; off a terminal, without colour and without trailing blanks."""
+    out = stream if stream is not None else sys.stdout
+    target = console(out)
+    if out.isatty():
+        target.print(renderable)
+        return
+    with target.capture() as captured:
+        target.print(renderable)
+    out.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    out.flush()
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    """A plain, borderless table. ``None`` cells show as ``-``; rich ``Text`` keeps its style."""
+    result = Table(
+        title=title,
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        show_header=any(columns),
+    )
+    for index, column in enumerate(columns):
+        result.add_column(column, no_wrap=index == 0, overflow="fold")
+    for row in rows:
+        result.add_row(*(_cell(cell) for cell in row))
+    return result
+
+
+def _cell(value: Any) -> RenderableType:
+    if isinstance(value, Text):
+        return value
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def size(value: int | None, unknown: str = "unknown") -> str:
+    """``1.5 GiB``-style size; ``None`` is ``unknown`` (never shown as zero)."""
+    if value is None:
+        return unknown
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(amount) < 1024 or unit == "TiB":
+            return f"{value} B" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    raise AssertionError("unreachable")
