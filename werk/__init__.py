@@ -24,7 +24,10 @@ from .backends import (
     Runtime,
     StateKind,
 )
+from .cache.entry import CacheEntry
+from .config import werk_home
 from .hookspecs import hookimpl, hookspec
+from .models import ModelManifest, ModelRegistry
 from .plugins import ENTRY_POINT_GROUP, WerkPluginManager, get_plugin_manager
 from .protocol import (
     BackendError,
@@ -61,6 +64,7 @@ __all__ = [
     "BackendDescriptor",
     "BackendError",
     "BackendState",
+    "CacheEntry",
     "CapabilityContext",
     "CapabilityId",
     "CapabilityReport",
@@ -80,6 +84,8 @@ __all__ = [
     "InternalError",
     "InvalidHandoff",
     "InvalidRequest",
+    "ModelManifest",
+    "ModelRegistry",
     "ModelSpec",
     "NotFound",
     "OpenAICall",
@@ -105,4 +111,5 @@ __all__ = [
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
+    "werk_home",
 ]

@@ -5,24 +5,19 @@ command twice gives the same bytes and therefore the same model identity. A side
 ``<file>.demo.json`` records what was generated; when it matches the request and the file is
 unchanged (size and mtime), the file is not generated again (the medium model is ~1.9 GB).
 
-The import goes through the host's own ``werk models import`` command (the ``models`` group
-handed to :func:`werk_register_commands`): the ``werk`` package exports no model-registry API to
-plugins.
+The import uses the host's public model registry (:class:`werk.ModelRegistry`), exactly as
+``werk models import`` does.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 from pathlib import Path
 
 import typer
 
-from werk import InvalidRequest
-
-from .process import werk_home
+from werk import InvalidRequest, ModelRegistry, werk_home
 
 __all__ = ["default_output", "ensure_demo_file", "register_commands"]
 
@@ -112,20 +107,12 @@ def register_commands(models: typer.Typer) -> None:
             typer.echo(f"error: {exc.message}", err=True)
             raise typer.Exit(1) from None
         typer.echo(f"{'wrote' if generated else 'kept'} {path} ({size}, seed {seed})", err=True)
-        command = typer.main.get_command(models)
-        captured = io.StringIO()
-        with contextlib.redirect_stdout(captured):
-            code = command.main(
-                ["import", str(path), "--id", model_id, "--backend", "llamacpp", "--json"],
-                prog_name="werk models",
-                standalone_mode=False,
-            )
-        if code not in (None, 0):
-            raise typer.Exit(int(code) if isinstance(code, int) else 1)
         try:
-            manifest = json.loads(captured.getvalue().strip().splitlines()[-1])
-            identity = manifest["identity"]
-        except (ValueError, IndexError, KeyError, TypeError):
-            typer.echo("error: `werk models import` printed no manifest", err=True)
+            manifest = ModelRegistry(werk_home()).import_files(
+                [path], model_id=model_id, backend="llamacpp"
+            )
+        except InvalidRequest as exc:
+            typer.echo(f"error: {exc.message}", err=True)
             raise typer.Exit(1) from None
+        identity = manifest.identity
         typer.echo(f"imported {model_id} (llamacpp) identity {identity}")

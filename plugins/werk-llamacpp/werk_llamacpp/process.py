@@ -46,7 +46,6 @@ from pathlib import Path
 
 import anyio
 import httpx
-import platformdirs
 import psutil
 
 from werk import (
@@ -57,6 +56,7 @@ from werk import (
     Runtime,
     Unavailable,
     WerkTimeout,
+    werk_home,
 )
 
 from .args import (
@@ -84,7 +84,6 @@ __all__ = [
     "startup_failure",
     "stop_runtime",
     "sweep_stale_generations",
-    "werk_home",
 ]
 
 log = logging.getLogger("werk.llamacpp")
@@ -97,15 +96,6 @@ _libc: ctypes.CDLL | None = None
 if sys.platform.startswith("linux"):
     with contextlib.suppress(OSError):
         _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def werk_home() -> Path:
-    """``WERK_HOME`` or the platform user data dir (the same rule as ``werk.config``, which
-    the public ``werk`` namespace does not export)."""
-    explicit = os.environ.get("WERK_HOME")
-    if explicit:
-        return Path(explicit).expanduser().absolute()
-    return Path(platformdirs.user_data_dir("werk", appauthor=False))
 
 
 def generation_root() -> Path:
