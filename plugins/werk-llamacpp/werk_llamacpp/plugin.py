@@ -18,9 +18,7 @@ Capability rows are the seed's llama.cpp columns, computed from what is true now
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from types import ModuleType
 
 import typer
 
@@ -40,10 +38,10 @@ from werk import (
     PrefillOutcome,
     Runtime,
     Unavailable,
-    Unsupported,
     hookimpl,
 )
 
+from . import states
 from .args import check_native_args, parse_options
 from .commands import register_commands
 from .executable import locate_llama_server
@@ -197,44 +195,38 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
 # -- operations -----------------------------------------------------------------------------
 
 
-def _states(runtime: Runtime) -> ModuleType:
-    """The state layer, after checking that the child still runs."""
+def _require_alive(runtime: Runtime) -> None:
+    """Refuse an operation on a child that exited (the host then starts a new one)."""
     if not check_alive(runtime):
         raise Unavailable(
             f"the llama-server process of model {runtime.model.id!r} exited; "
             "the next request starts a new one",
             retryable=True,
         )
-    try:
-        return importlib.import_module(f"{__package__}.states")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.states":
-            raise
-        raise Unsupported("this werk-llamacpp build has no named-state support") from None
 
 
 @hookimpl
 async def werk_prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
-    outcome: PrefillOutcome = await _states(runtime).prefill(runtime, call)
-    return outcome
+    _require_alive(runtime)
+    return await states.prefill(runtime, call)
 
 
 @hookimpl
 async def werk_decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
-    outcome: DecodeOutcome = await _states(runtime).decode(runtime, call)
-    return outcome
+    _require_alive(runtime)
+    return await states.decode(runtime, call)
 
 
 @hookimpl
 async def werk_snapshot(runtime: Runtime, state: BackendState) -> BackendState:
-    result: BackendState = await _states(runtime).snapshot(runtime, state)
-    return result
+    _require_alive(runtime)
+    return await states.snapshot(runtime, state)
 
 
 @hookimpl
 async def werk_restore(runtime: Runtime, payload: BackendState) -> BackendState:
-    result: BackendState = await _states(runtime).restore(runtime, payload)
-    return result
+    _require_alive(runtime)
+    return await states.restore(runtime, payload)
 
 
 @hookimpl
