@@ -24,6 +24,7 @@ working); existing arguments are never renamed or removed.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -43,6 +44,7 @@ from .backends import (
     PrefillOutcome,
     Runtime,
 )
+from .cache.entry import CacheEntry
 from .protocol.capabilities import CapabilityReport
 
 if TYPE_CHECKING:
@@ -56,6 +58,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 __all__ = [
     "hookimpl",
     "hookspec",
+    "werk_cache_inventory",
+    "werk_cache_purge",
     "werk_capabilities",
     "werk_decode",
     "werk_move_experts",
@@ -243,4 +247,50 @@ def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | Awaitable[O
     :param runtime: the owning plugin's live runtime for the requested model.
     :param call: route, the client's JSON body and whether it asked to stream.
     :returns: a :class:`werk.OpenAIReply` with a ``body`` or a ``stream`` of SSE payloads.
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Local disk caches (`werk cache`)
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def werk_cache_inventory(home: Path) -> Sequence[CacheEntry] | None:
+    """List the on-disk caches this plugin owns under ``WERK_HOME`` (e.g. worker caches).
+
+    Called on every loaded plugin by ``werk cache list`` and ``werk cache purge``, in the
+    ``werk`` process itself (no server, no runtime). Must be read-only and quick: create,
+    repair or delete nothing, never start a process, and never report model weights (the
+    host never removes those). Report an entry ``active`` when a live process uses it now and
+    ``pinned`` when the operator asked to keep it; both are then skipped by every purge. A
+    plugin that raises (or returns something other than :class:`werk.CacheEntry` objects) is
+    reported on stderr and its entries are missing from the listing.
+
+    :param home: the active ``WERK_HOME``.
+    :returns: the entries (ids unique within this plugin), or ``None`` for none.
+
+    Example::
+
+        @hookimpl
+        def werk_cache_inventory(home):
+            root = home / "backends" / "mybackend" / "workers"
+            return [CacheEntry(id=p.name, path=p) for p in sorted(root.glob("w_*"))]
+    """
+
+
+@hookspec(firstresult=True)
+def werk_cache_purge(home: Path, entry_id: str) -> bool | None:
+    """Delete one cache entry this plugin reported through :func:`werk_cache_inventory`.
+
+    Called only on the plugin that reported ``entry_id``, only by ``werk cache purge
+    --execute``, and only after the host listed the entry again and found it neither
+    ``active`` nor ``pinned``. The state can change in between: take your own lock, check
+    again, and raise :class:`werk.Conflict` when a live process uses the entry now (the host
+    reports it as skipped). Delete only what the entry covers, without following symbolic links.
+
+    :param home: the active ``WERK_HOME``.
+    :param entry_id: the plugin-local id (without the ``worker:<plugin>/`` prefix).
+    :returns: ``True`` when it was deleted, ``False`` when it no longer existed, ``None`` to
+        decline (the host reports an error for that entry).
     """

@@ -1,0 +1,1 @@
+"""TEST CODE: the ``standin`` backend (see ``pyproject.toml`` and :mod:`.plugin`)."""
