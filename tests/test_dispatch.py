@@ -17,6 +17,8 @@ from werk import (
     DecodeOutcome,
     ExpertMove,
     ExpertMoveOutcome,
+    ExpertObservation,
+    ExpertReport,
     ModelSpec,
     OpenAICall,
     OpenAIReply,
@@ -27,7 +29,7 @@ from werk import (
     StateKind,
     hookimpl,
 )
-from werk.protocol import FinishReason
+from werk.protocol import ExpertTier, FinishReason
 
 MakePM = Callable[..., werk.WerkPluginManager]
 
@@ -49,6 +51,7 @@ ARGUMENTS: dict[Operation, dict[str, Any]] = {
     Operation.SNAPSHOT: {"state": _state("live")},
     Operation.RESTORE: {"payload": _state("disk")},
     Operation.MOVE_EXPERTS: {"move": ExpertMove(expert_ids=["e0"], target="ram")},
+    Operation.OBSERVE_EXPERTS: {},
     Operation.OPENAI: {"call": OpenAICall(route="completions", body={"prompt": "hi"})},
 }
 """Keyword arguments of every operation hook, keyed by operation."""
@@ -95,6 +98,11 @@ class EveryOperation(Registers):
         return ExpertMoveOutcome(moved=[self.backend])
 
     @hookimpl
+    def werk_observe_experts(self, runtime: Runtime) -> ExpertReport:
+        self.calls.append(("werk_observe_experts", {"runtime": runtime}))
+        return ExpertReport(experts=[ExpertObservation(id=self.backend, tier=ExpertTier.RAM)])
+
+    @hookimpl
     def werk_openai(self, runtime: Runtime, call: OpenAICall) -> OpenAIReply:
         self.calls.append(("werk_openai", {"runtime": runtime, "call": call}))
         return OpenAIReply(body={"backend": self.backend})
@@ -130,6 +138,7 @@ def test_every_protocol_operation_maps_to_a_capability() -> None:
         "werk_snapshot": "runtime.state.persistence",
         "werk_restore": "runtime.state.restore",
         "werk_move_experts": "runtime.experts.residency",
+        "werk_observe_experts": "runtime.experts.residency",
     }
 
 
