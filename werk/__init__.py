@@ -25,6 +25,7 @@ from .backends import (
     StateKind,
 )
 from .cache.entry import CacheEntry
+from .chat.native import NativeChatCache, NativeContext, TurnOutcome
 from .config import werk_home
 from .hookspecs import hookimpl, hookspec
 from .models import ModelManifest, ModelRegistry
@@ -87,6 +88,8 @@ __all__ = [
     "ModelManifest",
     "ModelRegistry",
     "ModelSpec",
+    "NativeChatCache",
+    "NativeContext",
     "NotFound",
     "OpenAICall",
     "OpenAIReply",
@@ -101,6 +104,7 @@ __all__ = [
     "ReuseUnavailable",
     "Runtime",
     "StateKind",
+    "TurnOutcome",
     "Unauthenticated",
     "Unavailable",
     "Unsupported",

@@ -50,6 +50,8 @@ from .protocol.capabilities import CapabilityReport
 if TYPE_CHECKING:
     import typer
 
+    from .chat.native import NativeChatCache, NativeContext
+
 PROJECT_NAME = "werk"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -61,6 +63,7 @@ __all__ = [
     "werk_cache_inventory",
     "werk_cache_purge",
     "werk_capabilities",
+    "werk_chat_native_cache",
     "werk_decode",
     "werk_move_experts",
     "werk_observe_experts",
@@ -293,4 +296,44 @@ def werk_cache_purge(home: Path, entry_id: str) -> bool | None:
     :param entry_id: the plugin-local id (without the ``worker:<plugin>/`` prefix).
     :returns: ``True`` when it was deleted, ``False`` when it no longer existed, ``None`` to
         decline (the host reports an error for that entry).
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Terminal chat (`werk run` / `werk chat` on the local route)
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def werk_chat_native_cache(
+    runtime: Runtime, context: NativeContext
+) -> NativeChatCache | Awaitable[NativeChatCache | None] | None:
+    """Offer a backend-native KV snapshot provider for one persistent terminal chat session.
+
+    Called **only on the plugin that owns** ``runtime.backend``, once per local runtime that
+    ``werk run``/``werk chat --persistence`` started in its own process (again if that runtime
+    died and was replaced), after the runtime is ready and before the first request. Never
+    called without ``--persistence``, nor on the ``--server`` route. Stops at the first
+    non-``None`` result; may be ``async``.
+
+    The provider (a :class:`werk.NativeChatCache`) is then told about every real request and
+    turn: ``before_request(body)`` returns the body to send (it may pin a slot) and is where an
+    existing snapshot is verified and restored lazily on the *first* real request;
+    ``after_response(outcome)`` saves a snapshot only for a :class:`werk.TurnOutcome` with
+    ``complete`` true; ``close()`` runs once before the runtime stops. Rules (the seed's
+    "Local llama.cpp startup and lazy restore validation"): never run a synthetic prompt;
+    check compatibility (model files, runtime binary and libraries, environment, effective
+    arguments, receipt schema) and file integrity before any restore; only a positive,
+    consistent backend-reported cached-token count on the first request after a restore is
+    evidence of restored reuse; a restore failure must clear what it loaded and let the
+    conversation go on from the archive. Keep every file in ``context.archive.native_dir()``
+    (owner-only, no-follow); ``werk cache`` lists and purges that directory.
+
+    :param runtime: the owning plugin's live runtime (started by this process).
+    :param context: a :class:`werk.NativeContext`: the plugin manager, the same runtime, the
+        locked :class:`~werk.chat.archive.ChatArchive` of the session, and ``phase`` for ``-v``
+        diagnostics (runtime inspection, native readiness, preparation, restore...).
+    :returns: a :class:`werk.NativeChatCache`, or ``None`` when native snapshots do not apply to
+        this runtime (the session is then "conversation archive only"). Raising is reported as
+        a ``-v`` phase and treated like ``None``; the chat goes on.
     """

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ..plugins import WerkPluginManager
-from ..protocol import NotFound, WerkError
+from ..protocol import NotFound, WerkError, rfc3339
 from ..state import _fs
 from ..state._fs import Rejected
 from ..state.catalog import StateCatalog
 from ..state.layout import STORE_DIRS, open_store_root
-from ..state.metadata import principal_from_dir_name, rfc3339
+from ..state.metadata import principal_from_dir_name
 from .entry import CacheEntry
 
 __all__ = ["CacheItem", "CacheKind", "Filters", "collect", "select"]

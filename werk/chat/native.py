@@ -20,27 +20,41 @@ A provider keeps its files under the session's ``native/`` directory
 ``chat:<name>/native`` and purges without touching the message archive. Without
 ``--persistence`` there is no archive, and providers are not consulted.
 
-No provider is bundled yet: :func:`native_providers` returns an empty list, and every session
-is "conversation archive only".
+Providers come from plugins: :func:`native_providers` returns :func:`plugin_native_cache`, which
+asks the plugin that owns the runtime's backend (and only that plugin) through the
+:func:`werk.hookspecs.werk_chat_native_cache` hook. A backend whose plugin does not implement
+the hook, declines (returns ``None``) or fails is "conversation archive only" for that session;
+a failing provider is reported and never fails the chat.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..backends import Runtime
-from ..plugins import WerkPluginManager
-from .archive import ChatArchive
+from ..plugins import WerkPluginManager, await_me_maybe
+from ..protocol import Unsupported, WerkError
+
+if TYPE_CHECKING:  # the archive module is only needed for annotations (kept out of `import werk`)
+    from .archive import ChatArchive
 
 __all__ = [
+    "NATIVE_CACHE_HOOK",
     "NativeCacheFactory",
     "NativeChatCache",
     "NativeContext",
     "TurnOutcome",
     "native_providers",
+    "plugin_native_cache",
 ]
+
+log = logging.getLogger("werk.chat")
+
+NATIVE_CACHE_HOOK = "werk_chat_native_cache"
+"""The hook :func:`plugin_native_cache` calls on the backend's owning plugin."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +94,14 @@ class TurnOutcome:
     reply: str = ""
 
 
+@runtime_checkable
 class NativeChatCache(Protocol):
-    """A backend-native KV snapshot provider for one local chat session."""
+    """A backend-native KV snapshot provider for one local chat session.
+
+    None of its methods may fail the turn for a cache problem: a snapshot that cannot be
+    restored or saved is reported through ``NativeContext.phase`` and the conversation goes on
+    from the archive. Cancellation (Ctrl+C) must propagate.
+    """
 
     async def before_request(self, body: dict[str, Any]) -> dict[str, Any]:
         """Prepare (and, on the first request, lazily restore); return the body to send."""
@@ -100,6 +120,45 @@ NativeCacheFactory = Callable[[NativeContext], Awaitable[NativeChatCache | None]
 """Returns a provider for this runtime, or ``None`` when it does not apply (another backend)."""
 
 
+async def plugin_native_cache(context: NativeContext) -> NativeChatCache | None:
+    """Ask the plugin that owns ``context.runtime``'s backend for a provider.
+
+    Calls :func:`werk.hookspecs.werk_chat_native_cache` on that plugin only (never on another
+    plugin, even one that implements the hook). A plugin without the hook, or one that
+    declines, gives ``None``. A plugin that raises, or returns something that is not a
+    :class:`NativeChatCache`, is reported as a ``-v`` phase (and a warning in the log) and gives
+    ``None``: native snapshots are opportunistic, the chat itself must not fail for them.
+    """
+    pm, runtime = context.pm, context.runtime
+    try:
+        record = pm.owner_of(runtime.backend)
+    except Unsupported:
+        return None
+    if record.plugin is None or NATIVE_CACHE_HOOK not in record.hooks:
+        return None
+    others = [p for p in pm.get_plugins() if p is not record.plugin]
+    caller = pm.subset_hook_caller(NATIVE_CACHE_HOOK, remove_plugins=others)
+    try:
+        result = await await_me_maybe(caller(runtime=runtime, context=context))
+    except WerkError as exc:
+        context.phase(f"native KV snapshots: unavailable ({exc.message})")
+        return None
+    except Exception as exc:
+        log.warning("%s raised in %s: %s", NATIVE_CACHE_HOOK, record.name, type(exc).__name__)
+        log.debug("%s failed", NATIVE_CACHE_HOOK, exc_info=True)
+        context.phase(
+            f"native KV snapshots: off (the {record.name} provider failed: {type(exc).__name__})"
+        )
+        return None
+    if result is None:
+        return None
+    if not isinstance(result, NativeChatCache):
+        log.warning("%s of %s returned %s", NATIVE_CACHE_HOOK, record.name, type(result).__name__)
+        context.phase(f"native KV snapshots: off (the {record.name} provider is malformed)")
+        return None
+    return result
+
+
 def native_providers() -> list[NativeCacheFactory]:
     """The factories the local engine consults, in order; the first non-``None`` wins."""
-    return []
+    return [plugin_native_cache]

@@ -69,12 +69,12 @@ from ..protocol import (
     TierResult,
     Unsupported,
     WerkError,
+    rfc3339,
 )
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
 from ..state.principals import NamespaceKey
-from .clock import rfc3339
 from .gates import gate
 from .interface import StateQuery, WerkControl
 from .prefill import PrefillFlow
@@ -365,4 +365,3 @@ async def _contained_stream(stream: AsyncIterator[bytes], backend: str) -> Async
     except Exception:
         log.exception("the streamed reply of backend %r failed", backend)
         raise BackendError(f"backend {backend!r} failed while streaming its reply") from None
-

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..backends import BackendState
-from ..protocol import NotFound, ResourceExhausted, StateStatus, StateSummary, Tier
+from ..protocol import NotFound, ResourceExhausted, StateStatus, StateSummary, Tier, rfc3339
 from ..state.envelope import Envelope
-from .clock import rfc3339
 
 __all__ = ["MAX_VOLATILE_PER_PRINCIPAL", "VolatileState", "VolatileStates"]
 

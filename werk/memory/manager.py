@@ -40,7 +40,6 @@ outside the manager's lock, so they may call back into the manager.
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 import secrets
 import threading
@@ -49,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from ..protocol.base import rfc3339
 from ..protocol.capabilities import CapabilityId, CapabilityReport, CapabilityStatus
 from ..protocol.errors import BackendError, Conflict, InvalidRequest, ResourceExhausted, Unavailable
 from ..protocol.memory import (
@@ -209,11 +209,6 @@ def reservations_capability(participating: bool) -> CapabilityReport:
     )
 
 
-def _rfc3339(epoch_seconds: float) -> str:
-    moment = _dt.datetime.fromtimestamp(epoch_seconds, tz=_dt.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 class MemoryManager:
     """Accounting, pressure and admission control for host and accelerator memory.
 
@@ -288,7 +283,7 @@ class MemoryManager:
             sample = self._sample()
             allocated, reserved = self._managed_totals()
             return MemoryResponse(
-                sampled_at=_rfc3339(sample.wall),
+                sampled_at=rfc3339(sample.wall),
                 unified=sample.unified,
                 host=sample.host,
                 accelerators=sample.accelerators.devices,

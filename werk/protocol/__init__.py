@@ -5,7 +5,7 @@ unknown fields and out-of-range values; response Structs tolerate unknown fields
 """
 
 from .._version import PROTOCOL_VERSION
-from .base import Request, Response, decode, encode, to_builtins
+from .base import Request, Response, decode, encode, rfc3339, to_builtins
 from .capabilities import (
     CORE_CAPABILITY_IDS,
     CapabilitiesResponse,
@@ -189,6 +189,7 @@ __all__ = [
     "decode",
     "encode",
     "error_class",
+    "rfc3339",
     "to_builtins",
     "validate_capability_id",
 ]

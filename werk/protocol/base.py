@@ -9,11 +9,12 @@ field's type never changes.
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Any, TypeVar
 
 import msgspec
 
-__all__ = ["Request", "Response", "decode", "encode", "to_builtins"]
+__all__ = ["Request", "Response", "decode", "encode", "rfc3339", "to_builtins"]
 
 
 class Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -54,3 +55,9 @@ def decode(data: bytes | str, type: type[_T]) -> _T:
 def to_builtins(value: Any) -> Any:
     """Convert a Struct to plain dicts/lists (for tables and tests)."""
     return msgspec.to_builtins(value)
+
+
+def rfc3339(epoch_seconds: float) -> str:
+    """The protocol's timestamp form: RFC 3339 UTC with milliseconds, ``…T14:32:21.123Z``."""
+    moment = _dt.datetime.fromtimestamp(epoch_seconds, tz=_dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

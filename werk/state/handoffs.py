@@ -29,7 +29,6 @@ is testable without sleeping. A record is valid while ``clock() < expires_at``.
 
 from __future__ import annotations
 
-import datetime as _dt
 import enum
 import hmac
 import itertools
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NamedTuple, Self
 
+from ..protocol.base import rfc3339
 from ..protocol.errors import BackendError, InternalError, InvalidHandoff, ResourceExhausted
 from ..protocol.prefill import MAX_COMPLETION_BYTES, Handoff
 from .envelope import Envelope
@@ -102,8 +102,7 @@ class IssuedHandoff(NamedTuple):
 
     def to_protocol(self) -> Handoff:
         """The wire shape, with ``expires_at`` as an RFC 3339 UTC string."""
-        moment = _dt.datetime.fromtimestamp(self.expires_at, tz=_dt.UTC)
-        return Handoff(token=self.token, expires_at=moment.isoformat().replace("+00:00", "Z"))
+        return Handoff(token=self.token, expires_at=rfc3339(self.expires_at))
 
 
 class _Phase(enum.Enum):

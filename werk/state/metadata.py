@@ -10,13 +10,13 @@ kept in their own files (``pinned``, ``last-accessed``).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 import re
 from typing import Annotated, Literal
 
 import msgspec
 
+from ..protocol.base import rfc3339
 from ..protocol.states import StateStatus, StateSummary, Tier
 from .envelope import Envelope
 
@@ -31,7 +31,6 @@ __all__ = [
     "encode_metadata",
     "principal_dir_name",
     "principal_from_dir_name",
-    "rfc3339",
 ]
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -99,12 +98,6 @@ def principal_from_dir_name(name: str) -> str | None:
     """Inverse of :func:`principal_dir_name`; ``None`` for a name that is no principal's."""
     principal = "local" if name == "p_local" else name
     return principal if PRINCIPAL_PATTERN.fullmatch(principal) else None
-
-
-def rfc3339(timestamp: float) -> str:
-    """An RFC 3339 UTC string with millisecond precision (``2024-01-02T03:04:05.678Z``)."""
-    moment = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
