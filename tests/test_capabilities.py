@@ -37,6 +37,8 @@ SIX_STATUSES = {
 }
 HOST = CapabilityId.MEMORY_TELEMETRY_HOST.value
 ACCEL = CapabilityId.MEMORY_TELEMETRY_ACCELERATOR.value
+RESERVE = CapabilityId.MEMORY_RESERVATIONS.value
+HOST_ROWS = [HOST, ACCEL, RESERVE]
 
 
 def _spec(model: str, backend: str) -> ModelSpec:
@@ -190,8 +192,8 @@ def test_composed_matrix_of_the_installed_plugins() -> None:
     rows = compose_capabilities(pm)
     _assert_truthful(rows)
     ids = [r.id for r in rows]
-    assert ids[:2] == [HOST, ACCEL]  # host rows first
-    backends = {r.backend for r in rows[2:]}
+    assert ids[:3] == HOST_ROWS  # host rows first
+    backends = {r.backend for r in rows[3:]}
     assert {"llamacpp", "vllm", "vllm-remote", "omlx", "media"} <= backends
     assert all(r.model is None for r in rows)  # no models configured: backend-wide rows
 
@@ -200,7 +202,7 @@ def test_backend_wide_rows_are_filled_with_the_backend(make_pm: MakePM) -> None:
     reporter = Reporter("echo")
     rows = compose_capabilities(make_pm(("echo", reporter)), accelerators=NO_GPU)
     _assert_truthful(rows)
-    backend_rows = [r for r in rows if r.id not in (HOST, ACCEL)]
+    backend_rows = [r for r in rows if r.id not in HOST_ROWS]
     assert [(r.id, r.backend, r.model) for r in backend_rows] == [
         ("runtime.model_residency", "echo", None),
         ("runtime.pd.prefill", "echo", None),
@@ -230,8 +232,8 @@ def test_model_filter_keeps_host_rows_and_one_model(make_pm: MakePM) -> None:
     pm = make_pm(("echo", echo), ("other", other))
     models = [_spec("m1", "echo"), _spec("m2", "echo"), _spec("x", "other")]
     rows = compose_capabilities(pm, models, model="m2", accelerators=NO_GPU)
-    assert [r.id for r in rows[:2]] == [HOST, ACCEL]
-    rest = rows[2:]
+    assert [r.id for r in rows[:3]] == HOST_ROWS
+    rest = rows[3:]
     assert rest and {(r.backend, r.model) for r in rest} == {("echo", "m2")}
     assert other.contexts == []
 
@@ -291,7 +293,7 @@ def test_malformed_row_from_a_plugin_becomes_a_discovery_row(make_pm: MakePM) ->
 
 def test_backend_without_capability_hook_reports_nothing(make_pm: MakePM) -> None:
     rows = compose_capabilities(make_pm(("silent", Silent())), accelerators=NO_GPU)
-    assert [r.id for r in rows] == [HOST, ACCEL]
+    assert [r.id for r in rows] == HOST_ROWS
 
 
 def test_capabilities_go_only_to_the_owner(make_pm: MakePM) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from .backends import CapabilityContext, ModelSpec, Runtime
+from .memory.manager import reservations_capability
 from .memory.telemetry import AcceleratorSample, TelemetryError, sample_accelerators, sample_host
 from .plugins import WerkPluginManager
 from .protocol.capabilities import CapabilityId, CapabilityReport, CapabilityStatus
@@ -67,18 +68,22 @@ def compose_capabilities(
     *,
     model: str | None = None,
     accelerators: Callable[[], AcceleratorSample] = sample_accelerators,
+    reservations: CapabilityReport | None = None,
 ) -> list[CapabilityReport]:
     """The full matrix: host rows, then per backend either per-model or backend-wide rows.
 
     :param models: configured models; a backend with none reports backend-wide rows.
     :param runtimes: live runtimes by model id.
     :param model: restrict to one model (host rows are kept: they apply to every model).
+    :param reservations: the memory manager's ``runtime.memory.reservations`` row; without a
+        manager (the local CLI) no adapter participates, so the row is ``unavailable``.
     :raises NotFound: ``model`` is not configured.
     """
     live = runtimes or {}
     if model is not None and not any(m.id == model for m in models):
         raise NotFound(f"model {model!r} is not configured")
     rows = host_capabilities(accelerators)
+    rows.append(reservations if reservations is not None else reservations_capability(False))
     for backend in sorted(pm.backends):
         backend_models = [m for m in models if m.backend == backend]
         if model is not None:

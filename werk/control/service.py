@@ -181,10 +181,13 @@ class LocalControlService(WerkControl):
         self.forget_dead_generations()
         rows = await anyio.to_thread.run_sync(
             lambda: compose_capabilities(
-                self.pm, list(self._specs.values()), self.runtimes.live(), model=model
+                self.pm,
+                list(self._specs.values()),
+                self.runtimes.live(),
+                model=model,
+                reservations=self.memory_manager.reservations_capability(),
             )
         )
-        rows.append(self.memory_manager.reservations_capability())
         return CapabilitiesResponse(protocol=PROTOCOL_VERSION, capabilities=rows)
 
     async def memory(self) -> MemoryResponse:
