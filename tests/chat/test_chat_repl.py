@@ -117,6 +117,9 @@ def test_ctrl_c_cancels_the_reply_not_the_session(home: Path, plugin_site: Path)
         chat.expect(PROMPT, 4)
         chat.send("/reset\n")
         chat.expect("conversation reset")
+        # Wait for readline's prompt: a ^D typed before readline reads is swallowed by the
+        # terminal's mode switch (cooked -> readline's raw mode), not delivered as EOF.
+        chat.expect(PROMPT, 5)
         chat.send("\x04")
         assert chat.wait() == 0, chat.text()
     finally:
