@@ -2,7 +2,9 @@
 
 The backend runs one Werk-managed ``llama-server`` child per model runtime (``process.py``),
 proxies ``/v1`` to it (``proxy.py``) and implements named states through the child's ``/slots``
-API (``states.py``, gated by the functional probe in ``probe.py``).
+API (``states.py``, gated by the functional probe in ``probe.py``). Persistent terminal chats
+(``werk run``/``werk chat --persistence`` on the local route) get native KV snapshots of their
+slot (``chat_snapshots.py``, through ``werk_chat_native_cache``).
 
 Capability rows are the seed's llama.cpp columns, computed from what is true now:
 
@@ -32,6 +34,8 @@ from werk import (
     DecodeCall,
     DecodeOutcome,
     InvalidRequest,
+    NativeChatCache,
+    NativeContext,
     OpenAICall,
     OpenAIReply,
     PrefillCall,
@@ -41,7 +45,7 @@ from werk import (
     hookimpl,
 )
 
-from . import states
+from . import chat_snapshots, states
 from .args import check_native_args, parse_options
 from .commands import register_commands
 from .executable import locate_llama_server
@@ -232,3 +236,10 @@ async def werk_restore(runtime: Runtime, payload: BackendState) -> BackendState:
 @hookimpl
 async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
     return await openai_reply(runtime, call)
+
+
+@hookimpl
+async def werk_chat_native_cache(
+    runtime: Runtime, context: NativeContext
+) -> NativeChatCache | None:
+    return await chat_snapshots.open_chat_cache(runtime, context)

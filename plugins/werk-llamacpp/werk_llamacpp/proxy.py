@@ -7,6 +7,13 @@ slot from :class:`~werk_llamacpp.process.SlotPicker`, never a slot reserved for 
 ``n``/``n_cmpl`` other than 1 are refused: llama-server runs the extra choices in *other* free
 slots, which could be a state slot.
 
+**Pinned slots.** An in-process caller that owns a state slot (the terminal chat's native
+snapshot provider, :mod:`~werk_llamacpp.chat_snapshots`) puts a :class:`PinnedSlot` object in
+``body["id_slot"]``; the request then goes to that state slot instead of a picked general slot.
+A ``PinnedSlot`` is a Python object, so a JSON body from an HTTP client can never carry one (a
+client's integer ``id_slot`` is replaced as always). It must name one of this child's state
+slots and its generation.
+
 **Streaming** is relayed as it arrives: the child's SSE is parsed incrementally and each
 ``data:`` payload is yielded as bare bytes (the host adds ``data:`` and the final ``[DONE]``);
 ``[DONE]`` ends the relay, an ``{"error": …}`` event becomes a Werk error.
@@ -32,6 +39,7 @@ import collections
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -52,7 +60,7 @@ from werk import (
 
 from .process import ManagedHandle, check_alive
 
-__all__ = ["SSEStream", "map_backend_error", "openai_reply"]
+__all__ = ["PinnedSlot", "SSEStream", "map_backend_error", "openai_reply"]
 
 log = logging.getLogger("werk.llamacpp")
 
@@ -108,6 +116,28 @@ def map_backend_error(status: int, content: bytes) -> WerkError:
     if status == 503:
         return Unavailable("llama-server is not ready to serve this request", retryable=True)
     return BackendError(f"llama-server failed the request (HTTP {status})")
+
+
+@dataclass(frozen=True)
+class PinnedSlot:
+    """``body["id_slot"]`` from an in-process owner of a state slot (see the module docstring).
+
+    :ivar slot: one of the child's ``state_slots``.
+    :ivar generation: the child's process generation the owner acquired the slot in.
+    """
+
+    slot: int
+    generation: str
+
+
+def _pinned_slot(handle: ManagedHandle, call: OpenAICall) -> int | None:
+    """The state slot a :class:`PinnedSlot` names, or ``None`` when the body carries none."""
+    pin = call.body.get("id_slot")
+    if not isinstance(pin, PinnedSlot):
+        return None
+    if pin.generation != handle.generation or pin.slot not in handle.state_slots:
+        raise BackendError("a pinned slot does not belong to this llama-server's state slots")
+    return pin.slot
 
 
 def _prompt_key(call: OpenAICall) -> str:
@@ -199,7 +229,11 @@ async def openai_reply(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
     """The ``werk_openai`` hook: proxy one request to the runtime's child."""
     handle = _handle(runtime)
     body = _prepare(handle, call)
-    lease = _Lease(handle.picker.release, handle.picker.acquire(_prompt_key(call)))
+    pinned = _pinned_slot(handle, call)
+    if pinned is not None:
+        lease = _Lease(lambda _slot: None, pinned)  # the owner holds the slot; nothing to free
+    else:
+        lease = _Lease(handle.picker.release, handle.picker.acquire(_prompt_key(call)))
     body["id_slot"] = lease.slot
     try:
         content = msgspec.json.encode(body)
