@@ -1,4 +1,5 @@
-"""``werk models create-demo`` through the real CLI, and a crashed child inside ``werk serve``."""
+"""The real CLI with llama.cpp: ``werk models create-demo``, ``werk run --server``, and a
+crashed child inside ``werk serve``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from test_llamacpp_process_support import (
     gone,
     llama_children,
     needs_llama_server,
+    processes_mentioning,
     wait_until,
     werk_env,
     werk_serve,
@@ -91,3 +93,40 @@ def test_a_crashed_child_is_replaced_on_the_next_request(tmp_path: Path) -> None
         assert response.status_code == 200, response.text
         (second,) = llama_children(served.process.pid)
         assert second.pid != first.pid
+
+
+def test_run_server_reuses_the_live_llama_server(tmp_path: Path) -> None:
+    """``werk run --server`` goes through the running server's live worker: the process table
+    shows the same single llama-server child before and after, and no llama-server is started
+    for the client (whose WERK_HOME has no model at all)."""
+    home = tmp_path / "werk-home"
+    client_home = tmp_path / "client-home"
+    client_home.mkdir()
+    create_demo(home)
+    with werk_serve(home) as served, served.client() as client:
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        (child,) = llama_children(served.process.pid)
+        before = {p.pid for p in processes_mentioning("llama-server")}
+        for prompt in ("hello there", "and again"):
+            run = subprocess.run(
+                [
+                    str(WERK),
+                    "run",
+                    "--server",
+                    served.base_url,
+                    "demo",
+                    "--max-tokens",
+                    "4",
+                    prompt,
+                ],
+                env=werk_env(client_home),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert run.returncode == 0, run.stderr
+            assert run.stdout.strip()
+        (still,) = llama_children(served.process.pid)
+        assert still.pid == child.pid
+        assert {p.pid for p in processes_mentioning("llama-server")} == before
+        assert not (client_home / "backends").exists()
