@@ -39,6 +39,7 @@ from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import BackendError, CapabilityId, PayloadTooLarge, Unavailable, WerkError
 from .archive import ChatArchive
 from .native import NativeCacheFactory, NativeChatCache, NativeContext, TurnOutcome
+from .render import WaitIndicator
 from .signals import signals_deferred
 
 __all__ = ["MAX_CHUNK_BYTES", "LocalEngine"]
@@ -152,7 +153,8 @@ class LocalEngine:
                     capability=CapabilityId.MODEL_RESIDENCY,
                 ) from None
 
-        self._call(started)
+        with WaitIndicator()(f"loading {spec.id} ({spec.backend})…"):
+            self._call(started)
         assert self._runtime is not None
         self._phase(f"runtime: ready, generation {self._runtime.generation}")
 

@@ -3,7 +3,9 @@
 The reply goes to stdout, piece by piece, flushed as it arrives. Everything else goes to
 stderr so that ``werk run MODEL PROMPT > answer.txt`` captures only the answer: notes (session
 resumed, reply cancelled) always, phase diagnostics (``-v``) with the seconds since start.
-No colour codes are written; the text is the same on a terminal and in a pipe.
+No colour codes are written into the reply; on a terminal, a transient spinner on stderr
+(:class:`WaitIndicator`) shows long waits (model load, restore and prefill before the first
+token) and erases itself; in a pipe nothing extra is written.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
-__all__ = ["Diagnostics", "ReplyPrinter"]
+__all__ = ["Diagnostics", "ReplyPrinter", "WaitIndicator"]
 
 
 class Diagnostics:
@@ -80,3 +82,42 @@ class ReplyPrinter:
             self.stream.flush()
         self._open = False
         self._last = "\n"
+
+
+class WaitIndicator:
+    """A transient spinner on stderr for a long wait, shown only when stderr is a terminal.
+
+    ``start(text)`` shows it, ``stop()`` erases it (idempotent); writing the reply must wait
+    for ``stop()`` so spinner and text never interleave.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._status: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(getattr(self._stream, "isatty", lambda: False)())
+
+    def start(self, text: str) -> None:
+        if self._status is not None or not self.enabled:
+            return
+        from rich.console import Console
+
+        self._status = Console(file=self._stream).status(text, spinner="dots")
+        self._status.start()
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __call__(self, text: str) -> WaitIndicator:
+        self.start(text)
+        return self
+
+    def __enter__(self) -> WaitIndicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

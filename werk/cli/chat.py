@@ -259,7 +259,7 @@ def run(
     running `werk serve`. With --session/--persistence the prompt continues that saved
     conversation and the turn is added to it.
     """
-    from ..chat.render import ReplyPrinter
+    from ..chat.render import ReplyPrinter, WaitIndicator
     from ..chat.session import Sampling, run_turn
     from ..chat.signals import terminate_on_signals
 
@@ -267,6 +267,12 @@ def run(
     name = _session_name(model, session, persistence)
     sampling = Sampling(temperature=temperature, seed=seed, max_tokens=max_tokens)
     printer = ReplyPrinter()
+    waiting = WaitIndicator()
+
+    def show(piece: str) -> None:
+        waiting.stop()
+        printer.write(piece)
+
     with _reporting(as_json), terminate_on_signals():
         try:
             with _conversation_and_engine(
@@ -279,15 +285,18 @@ def run(
                 verbose=verbose,
                 announce_resume=False,
             ) as (engine, conversation, diagnostics):
+                if not as_json and not verbose:
+                    waiting.start("waiting for the first token…")
                 result = run_turn(
                     engine,
                     conversation,
                     text,
                     sampling=sampling,
-                    on_text=(lambda _: None) if as_json else printer.write,
+                    on_text=(lambda _: None) if as_json else show,
                     phase=diagnostics.phase,
                 )
         finally:
+            waiting.stop()
             printer.end()
     if as_json:
         emit_json(result.response)
