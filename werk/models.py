@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import os
 import re
-import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +21,7 @@ import msgspec
 
 from .backends import ModelSpec
 from .protocol import InvalidRequest, NotFound
+from .state._fs import replace_private_file
 
 __all__ = ["ModelFile", "ModelManifest", "ModelRegistry", "validate_model_id"]
 
@@ -87,21 +87,10 @@ def identity_of(files: tuple[ModelFile, ...]) -> str:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    """Publish ``data`` at ``path`` crash-safely (the store's own temp + fsync + rename)."""
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
+        replace_private_file(dir_fd, path.name, data)
     finally:
         os.close(dir_fd)
 

@@ -91,7 +91,7 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 def test_real_llama_server_serves_printable_greedy_text(tmp_path: Path) -> None:
     located = locate_llama_server()
     if located.path is None:
-        pytest.skip("llama-server not built; run make setup")
+        pytest.skip("llama-server not built here; `make llama-server` builds it")
     model = create_demo_model(tmp_path / "tiny.gguf", seed=3)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
