@@ -49,6 +49,18 @@ def _by_id(rows: Sequence[CapabilityReport]) -> dict[str, CapabilityReport]:
     return {r.id: r for r in rows}
 
 
+def _filled_by_host(row: CapabilityReport) -> bool:
+    """A row the host added because the plugin lacks the hooks for it (tests/test_contract.py)."""
+    reason = row.reason or ""
+    return row.status is CapabilityStatus.UNSUPPORTED and (
+        " implements no " in reason or "has no hook" in reason or "registers no start" in reason
+    )
+
+
+def _reported(rows: Sequence[CapabilityReport], backend: str) -> list[CapabilityReport]:
+    return [r for r in rows if r.backend == backend and not _filled_by_host(r)]
+
+
 def _assert_truthful(rows: Sequence[CapabilityReport]) -> None:
     for row in rows:
         assert row.status.value in SIX_STATUSES
@@ -202,7 +214,7 @@ def test_backend_wide_rows_are_filled_with_the_backend(make_pm: MakePM) -> None:
     reporter = Reporter("echo")
     rows = compose_capabilities(make_pm(("echo", reporter)), accelerators=NO_GPU)
     _assert_truthful(rows)
-    backend_rows = [r for r in rows if r.id not in HOST_ROWS]
+    backend_rows = _reported(rows, "echo")
     assert [(r.id, r.backend, r.model) for r in backend_rows] == [
         ("runtime.model_residency", "echo", None),
         ("runtime.pd.prefill", "echo", None),
@@ -219,9 +231,10 @@ def test_configured_models_get_per_model_rows(make_pm: MakePM) -> None:
     live = Runtime(backend="echo", model=models[0], generation="g_live")
     rows = compose_capabilities(pm, models, {"m1": live}, accelerators=NO_GPU)
     _assert_truthful(rows)
-    echo_rows = [r for r in rows if r.backend == "echo"]
+    echo_rows = _reported(rows, "echo")
     assert {r.model for r in echo_rows} == {"m1", "m2"}
     assert len(echo_rows) == 6
+    assert all(r.model in ("m1", "m2") for r in rows if r.backend == "echo")
     assert [(c.model, c.runtime) for c in echo.contexts] == [(models[0], live), (models[1], None)]
     # A backend without configured models still reports its backend-wide rows.
     assert {r.model for r in rows if r.backend == "other"} == {None}
@@ -251,24 +264,29 @@ def test_raising_plugin_yields_one_discovery_row(
 ) -> None:
     reporter = Reporter("echo")
     pm = make_pm(("boom", Explodes()), ("echo", reporter))
-    with caplog.at_level(logging.ERROR, logger="werk.plugins"):
+    with caplog.at_level(logging.WARNING, logger="werk.plugins"):
         rows = compose_capabilities(pm, [_spec("m", "boom")], accelerators=NO_GPU)
     _assert_truthful(rows)
-    boom = [r for r in rows if r.backend == "boom"]
+    boom = _reported(rows, "boom")
     assert len(boom) == 1
     assert boom[0].id == "boom.discovery"
     assert boom[0].status is CapabilityStatus.UNAVAILABLE
     assert boom[0].model == "m"
     assert boom[0].reason == "capability discovery raised ConnectionError"
     assert "secret-ish" not in (boom[0].reason or "")
-    assert len([r for r in rows if r.backend == "echo"]) == 3  # the others are unaffected
-    assert any("boom" in r.getMessage() for r in caplog.records)
+    assert len(_reported(rows, "echo")) == 3  # the others are unaffected
+    warnings = [r for r in caplog.records if "boom" in r.getMessage()]
+    assert warnings and not any(r.exc_info for r in warnings)  # no traceback unless tracing
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="werk.plugins"):
+        compose_capabilities(pm, [_spec("m", "boom")], accelerators=NO_GPU)
+    assert any(r.exc_info for r in caplog.records if "boom" in r.getMessage())
 
 
 def test_invalid_capability_id_from_a_plugin_becomes_a_discovery_row(make_pm: MakePM) -> None:
     pm = make_pm(("rogue", InvalidId()), ("echo", Reporter("echo")))
     rows = compose_capabilities(pm, accelerators=NO_GPU)
-    assert [r.id for r in rows if r.backend == "rogue"] == ["rogue.discovery"]
+    assert [r.id for r in _reported(rows, "rogue")] == ["rogue.discovery"]
     assert not any(r.id == "runtime.teleport" for r in rows)
 
 
@@ -285,15 +303,20 @@ class ReturnsJunk:
 def test_malformed_row_from_a_plugin_becomes_a_discovery_row(make_pm: MakePM) -> None:
     pm = make_pm(("junk", ReturnsJunk()), ("echo", Reporter("echo")))
     rows = compose_capabilities(pm, accelerators=NO_GPU)
-    junk = [r for r in rows if r.backend == "junk"]
+    junk = _reported(rows, "junk")
     assert [(r.id, r.status.value) for r in junk] == [("junk.discovery", "unavailable")]
     assert junk[0].reason == "capability discovery raised TypeError"
-    assert len([r for r in rows if r.backend == "echo"]) == 3
+    # The claimed `supported` prefill row is not among the host's rows either.
+    assert not any(r.id == "runtime.pd.prefill" and r.status.value == "supported" for r in rows)
+    assert len(_reported(rows, "echo")) == 3
 
 
-def test_backend_without_capability_hook_reports_nothing(make_pm: MakePM) -> None:
+def test_backend_without_capability_hook_gets_only_the_host_filled_rows(make_pm: MakePM) -> None:
     rows = compose_capabilities(make_pm(("silent", Silent())), accelerators=NO_GPU)
-    assert [r.id for r in rows] == HOST_ROWS
+    assert [r.id for r in rows[:3]] == HOST_ROWS
+    silent = rows[3:]
+    assert silent and all(_filled_by_host(r) and r.backend == "silent" for r in silent)
+    assert _reported(rows, "silent") == []
 
 
 def test_capabilities_go_only_to_the_owner(make_pm: MakePM) -> None:

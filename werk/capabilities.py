@@ -16,7 +16,7 @@ from .plugins import WerkPluginManager
 from .protocol.capabilities import CapabilityId, CapabilityReport, CapabilityStatus
 from .protocol.errors import NotFound
 
-__all__ = ["compose_capabilities", "host_capabilities"]
+__all__ = ["capability_contexts", "compose_capabilities", "host_capabilities"]
 
 
 def host_capabilities(
@@ -61,6 +61,40 @@ def host_capabilities(
     return rows
 
 
+def capability_contexts(
+    pm: WerkPluginManager,
+    models: Sequence[ModelSpec] = (),
+    runtimes: Mapping[str, Runtime] | None = None,
+    *,
+    model: str | None = None,
+) -> list[CapabilityContext]:
+    """What to ask the plugins: per backend either one context per model, or one backend-wide.
+
+    :param models: configured models; a backend with none reports backend-wide rows.
+    :param runtimes: live runtimes by model id (a snapshot: this reads it, never starts one).
+    :param model: restrict to one model.
+    :raises NotFound: ``model`` is not configured.
+    """
+    live = runtimes or {}
+    if model is not None and not any(m.id == model for m in models):
+        raise NotFound(f"model {model!r} is not configured")
+    contexts: list[CapabilityContext] = []
+    for backend in sorted(pm.backends):
+        backend_models = [m for m in models if m.backend == backend]
+        if model is not None:
+            backend_models = [m for m in backend_models if m.id == model]
+            if not backend_models:
+                continue
+        if not backend_models:
+            contexts.append(CapabilityContext(backend=backend))
+            continue
+        contexts += [
+            CapabilityContext(backend=backend, model=spec, runtime=live.get(spec.id))
+            for spec in backend_models
+        ]
+    return contexts
+
+
 def compose_capabilities(
     pm: WerkPluginManager,
     models: Sequence[ModelSpec] = (),
@@ -70,30 +104,16 @@ def compose_capabilities(
     accelerators: Callable[[], AcceleratorSample] = sample_accelerators,
     reservations: CapabilityReport | None = None,
 ) -> list[CapabilityReport]:
-    """The full matrix: host rows, then per backend either per-model or backend-wide rows.
+    """The full matrix, blocking (the local CLI): host rows, then every backend's rows.
 
-    :param models: configured models; a backend with none reports backend-wide rows.
-    :param runtimes: live runtimes by model id.
-    :param model: restrict to one model (host rows are kept: they apply to every model).
+    Arguments as :func:`capability_contexts`, plus:
+
     :param reservations: the memory manager's ``runtime.memory.reservations`` row; without a
         manager (the local CLI) no adapter participates, so the row is ``unavailable``.
-    :raises NotFound: ``model`` is not configured.
     """
-    live = runtimes or {}
-    if model is not None and not any(m.id == model for m in models):
-        raise NotFound(f"model {model!r} is not configured")
+    contexts = capability_contexts(pm, models, runtimes, model=model)
     rows = host_capabilities(accelerators)
     rows.append(reservations if reservations is not None else reservations_capability(False))
-    for backend in sorted(pm.backends):
-        backend_models = [m for m in models if m.backend == backend]
-        if model is not None:
-            backend_models = [m for m in backend_models if m.id == model]
-            if not backend_models:
-                continue
-        if not backend_models:
-            rows.extend(pm.capabilities(CapabilityContext(backend=backend)))
-            continue
-        for spec in backend_models:
-            context = CapabilityContext(backend=backend, model=spec, runtime=live.get(spec.id))
-            rows.extend(pm.capabilities(context))
+    for context in contexts:
+        rows.extend(pm.capabilities(context))
     return rows

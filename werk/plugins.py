@@ -14,16 +14,31 @@ import inspect
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+import anyio
 import pluggy
 
 from . import hookspecs
-from .backends import OPERATION_CAPABILITY, BackendDescriptor, CapabilityContext, Operation, Runtime
+from .backends import (
+    OPERATION_CAPABILITY,
+    BackendDescriptor,
+    BackendState,
+    CapabilityContext,
+    DecodeOutcome,
+    ExpertMoveOutcome,
+    ExpertReport,
+    OpenAIReply,
+    Operation,
+    PrefillOutcome,
+    Runtime,
+)
+from .contract import complete_rows
 from .protocol.capabilities import CapabilityReport, CapabilityStatus
 from .protocol.errors import BackendError, Unsupported, WerkError
 from .protocol.info import PluginInfo, PluginStatus
@@ -39,7 +54,24 @@ ENTRY_POINT_GROUP = "werk"
 LOAD_ENV = "WERK_LOAD_PLUGINS"
 TRACE_ENV = "WERK_TRACE_PLUGINS"
 
+CAPABILITY_TIMEOUT_SECONDS = 10.0
+"""How long the server waits for one ``werk_capabilities`` call before reporting the backend's
+``<backend>.discovery`` row ``unavailable`` (the call goes on in its worker thread)."""
+
+RESULT_TYPES: dict[Operation, type] = {
+    Operation.PREFILL: PrefillOutcome,
+    Operation.DECODE: DecodeOutcome,
+    Operation.SNAPSHOT: BackendState,
+    Operation.RESTORE: BackendState,
+    Operation.MOVE_EXPERTS: ExpertMoveOutcome,
+    Operation.OBSERVE_EXPERTS: ExpertReport,
+    Operation.OPENAI: OpenAIReply,
+}
+"""What each operation hook must return; anything else is the plugin's ``backend_error``."""
+
 log = logging.getLogger("werk.plugins")
+_warned: set[str] = set()
+"""Plugins whose import or registration failure was already logged by this process."""
 
 
 @dataclass
@@ -53,6 +85,8 @@ class PluginRecord:
     backends: list[str] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
     plugin: object | None = None
+    traceback: str | None = None
+    """The failure's full traceback (``werk plugins -v`` shows it)."""
 
     def info(self) -> PluginInfo:
         return PluginInfo(
@@ -75,6 +109,20 @@ def _allowed_names(environ: Mapping[str, str]) -> set[str] | None:
 def _error_text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _warn_once(name: str, what: str, exc: BaseException) -> None:
+    """One warning per failed plugin and process; the traceback only when tracing."""
+    if name in _warned:
+        return
+    _warned.add(name)
+    log.warning(
+        "plugin %s failed to %s: %s (details: werk plugins -v)",
+        name,
+        what,
+        _error_text(exc),
+        exc_info=log.isEnabledFor(logging.DEBUG),
+    )
 
 
 async def await_me_maybe(value: Any) -> Any:
@@ -111,9 +159,13 @@ class WerkPluginManager(pluggy.PluginManager):
             try:
                 plugin = ep.load()
             except Exception as exc:
-                log.warning("plugin %s failed to import: %s", name, _error_text(exc))
+                _warn_once(name, "import", exc)
                 self.records[name] = PluginRecord(
-                    name=name, version=version, status=PluginStatus.FAILED, error=_error_text(exc)
+                    name=name,
+                    version=version,
+                    status=PluginStatus.FAILED,
+                    error=_error_text(exc),
+                    traceback="".join(traceback.format_exception(exc)),
                 )
                 continue
             self.add_plugin(plugin, name=name, version=version)
@@ -129,6 +181,7 @@ class WerkPluginManager(pluggy.PluginManager):
             self.register(plugin, name=name)
         except Exception as exc:
             record.status, record.error = PluginStatus.FAILED, _error_text(exc)
+            record.traceback = "".join(traceback.format_exception(exc))
             return record
         record.plugin = plugin
         record.hooks = sorted(impl for impl in self._implemented_hooks(plugin))
@@ -152,9 +205,10 @@ class WerkPluginManager(pluggy.PluginManager):
                 self._backend_owner[descriptor.name] = name
                 record.backends.append(descriptor.name)
         except Exception as exc:
-            log.warning("plugin %s failed to register: %s", name, _error_text(exc))
+            _warn_once(name, "register", exc)
             self.unregister(plugin)
             record.status, record.error, record.plugin = PluginStatus.FAILED, _error_text(exc), None
+            record.traceback = "".join(traceback.format_exception(exc))
             record.backends = []
         return record
 
@@ -189,42 +243,92 @@ class WerkPluginManager(pluggy.PluginManager):
     # -- owner-only dispatch ---------------------------------------------------------------
 
     def capabilities(self, context: CapabilityContext) -> list[CapabilityReport]:
-        """Rows from the plugin owning ``context.backend``; a raising plugin yields one
-        ``unavailable`` row saying discovery failed instead of hiding the failure."""
+        """Rows from the plugin owning ``context.backend``, completed by the host.
+
+        Blocking: the plugin may inspect executables or files. Servers call
+        :meth:`capabilities_bounded` instead. A raising plugin (or one returning something that
+        is not a :class:`CapabilityReport`) yields one ``<backend>.discovery`` row
+        ``unavailable`` instead of hiding the failure. Whatever the plugin said, rows its
+        missing hooks rule out are ``unsupported`` (:func:`werk.contract.complete_rows`).
+        """
         record = self.owner_of(context.backend)
-        if "werk_capabilities" not in record.hooks:
-            return []
-        model_id = context.model.id if context.model else None
-        try:
-            results = self._only(record.plugin, "werk_capabilities")(context=context)
-            rows = [row for result in results if result for row in result]
-            for row in rows:
-                if not isinstance(row, CapabilityReport):
-                    raise TypeError(f"returned {type(row).__name__}, not a CapabilityReport")
-        except Exception as exc:
-            log.exception("capability discovery failed in %s", record.name)
-            return [
-                CapabilityReport(
-                    id=f"{context.backend}.discovery",
-                    status=CapabilityStatus.UNAVAILABLE,
-                    backend=context.backend,
-                    model=model_id,
-                    reason=f"capability discovery raised {type(exc).__name__}",
+        rows: list[CapabilityReport] = []
+        if "werk_capabilities" in record.hooks:
+            try:
+                results = self._only(record.plugin, "werk_capabilities")(context=context)
+                rows = [row for result in results if result for row in result]
+                for row in rows:
+                    if not isinstance(row, CapabilityReport):
+                        raise TypeError(f"returned {type(row).__name__}, not a CapabilityReport")
+            except Exception as exc:
+                log.warning(
+                    "capability discovery failed in %s: %s",
+                    record.name,
+                    _error_text(exc),
+                    exc_info=log.isEnabledFor(logging.DEBUG),
                 )
-            ]
-        out: list[CapabilityReport] = []
-        for row in rows:
-            out.append(
-                CapabilityReport(
-                    id=row.id,
-                    status=row.status,
-                    backend=row.backend or context.backend,
-                    model=row.model if row.model is not None else model_id,
-                    operations=list(row.operations),
-                    reason=row.reason,
-                )
+                rows = [
+                    self._discovery_row(
+                        context, f"capability discovery raised {type(exc).__name__}"
+                    )
+                ]
+        return self._completed(context, record, rows)
+
+    async def capabilities_bounded(
+        self, context: CapabilityContext, *, timeout: float = CAPABILITY_TIMEOUT_SECONDS
+    ) -> list[CapabilityReport]:
+        """:meth:`capabilities` in a worker thread, bounded by ``timeout`` seconds.
+
+        The event loop never runs a plugin's discovery code. A plugin that does not answer in
+        time yields an ``unavailable`` ``<backend>.discovery`` row (its call finishes in the
+        background and is discarded) plus the rows its missing hooks rule out.
+        """
+        result: list[CapabilityReport] | None = None
+        with anyio.move_on_after(timeout):
+            result = await anyio.to_thread.run_sync(
+                self.capabilities, context, abandon_on_cancel=True
             )
-        return out
+        if result is not None:
+            return result
+        record = self.owner_of(context.backend)
+        log.warning("capability discovery in %s took longer than %.1fs", record.name, timeout)
+        row = self._discovery_row(
+            context, f"capability discovery did not answer within {timeout:g}s"
+        )
+        return self._completed(context, record, [row])
+
+    def _discovery_row(self, context: CapabilityContext, reason: str) -> CapabilityReport:
+        return CapabilityReport(
+            id=f"{context.backend}.discovery",
+            status=CapabilityStatus.UNAVAILABLE,
+            backend=context.backend,
+            model=context.model.id if context.model else None,
+            reason=reason,
+        )
+
+    def _completed(
+        self, context: CapabilityContext, record: PluginRecord, rows: list[CapabilityReport]
+    ) -> list[CapabilityReport]:
+        model_id = context.model.id if context.model else None
+        filled = [
+            CapabilityReport(
+                id=row.id,
+                status=row.status,
+                backend=row.backend or context.backend,
+                model=row.model if row.model is not None else model_id,
+                operations=list(row.operations),
+                reason=row.reason,
+            )
+            for row in rows
+        ]
+        descriptor = self.backends.get(context.backend)
+        return complete_rows(
+            filled,
+            hooks=record.hooks,
+            backend=context.backend,
+            model=model_id,
+            can_start=descriptor is not None and descriptor.start is not None,
+        )
 
     async def call_operation(self, operation: Operation, runtime: Runtime, **kwargs: Any) -> Any:
         """Call ``operation`` on the plugin that owns ``runtime`` only.
@@ -254,6 +358,19 @@ class WerkPluginManager(pluggy.PluginManager):
         if result is None:
             raise Unsupported(
                 f"backend {runtime.backend!r} declined {operation.value}", capability=capability
+            )
+        expected = RESULT_TYPES[operation]
+        if not isinstance(result, expected):
+            log.error(
+                "plugin %s returned %s from %s, expected %s",
+                record.name,
+                type(result).__name__,
+                operation.value,
+                expected.__name__,
+            )
+            raise BackendError(
+                f"plugin {record.name!r} returned {type(result).__name__} from "
+                f"{operation.value}, not a werk.{expected.__name__}"
             )
         return result
 

@@ -127,7 +127,7 @@ def serve(
     from ..http.app import build_app
     from ..http.auth import Authenticator
     from ..http.guard import is_loopback_host
-    from ..http.server import make_server
+    from ..http.server import configure_logging, make_server
     from ..state.principals import NamespaceKey, principal_for_api_key
 
     defaults = persistence_defaults(
@@ -177,6 +177,7 @@ def serve(
     except WerkError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from None
+    configure_logging(log_level)
     server = make_server(
         build_app(service, auth),
         host=host,

@@ -129,7 +129,7 @@ class PrefillFlow:
         for stored_state in stored:
             if not stored_state.envelope.compatible_with(envelope):
                 continue
-            rows = self.s.rows_for(runtime.model, runtime)
+            rows = await self.s.rows_for(runtime.model, runtime)
             gate(rows, CapabilityId.STATE_RESTORE, allow_experimental=allow_experimental)
             live = await self._restore(principal, stored_state.id, runtime)
             summary = stored_state.summary(reusable=True)
@@ -169,7 +169,7 @@ class PrefillFlow:
         runtime = await self.s.runtimes.get(spec)
         self.s.forget_dead_generations()
         gate(
-            self.s.rows_for(spec, runtime),
+            await self.s.rows_for(spec, runtime),
             CapabilityId.PD_PREFILL,
             allow_experimental=allow,
             probe_on_use=True,
@@ -199,7 +199,7 @@ class PrefillFlow:
                 ),
             )
             # The probe (if any) ran inside the backend call: gate on the statuses as they are now.
-            rows = self.s.rows_for(spec, runtime)
+            rows = await self.s.rows_for(spec, runtime)
             gate(rows, CapabilityId.PD_PREFILL, allow_experimental=allow)
             gate(rows, CapabilityId.PD_HANDOFF, allow_experimental=allow)
             statuses = {row.id: row.status for row in rows}
@@ -311,7 +311,7 @@ class PrefillFlow:
                     "the runtime that produced this handoff is gone",
                     capability=CapabilityId.PD_DECODE,
                 )
-            rows = self.s.rows_for(runtime.model, runtime)
+            rows = await self.s.rows_for(runtime.model, runtime)
             # The opt-in was given at prefill; decode accepts supported or experimental.
             gate(rows, CapabilityId.PD_DECODE, allow_experimental=True)
             outcome: DecodeOutcome = await self.s.pm.call_operation(

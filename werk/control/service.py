@@ -29,7 +29,7 @@ from ..backends import (
     Operation,
     Runtime,
 )
-from ..capabilities import compose_capabilities
+from ..capabilities import capability_contexts, host_capabilities
 from ..experts.engine import ExpertEngine
 from ..memory.manager import MemoryManager
 from ..models import ModelManifest
@@ -92,7 +92,7 @@ class ServiceConfig:
     """What ``werk serve`` decided at startup."""
 
     home: Path
-    models: Sequence[ModelManifest]
+    models: Sequence[ModelManifest | ModelSpec]
     auth_mode: AuthMode
     namespace_key: NamespaceKey
     persistence_defaults: PersistenceDefaults | None = None
@@ -113,7 +113,9 @@ class LocalControlService(WerkControl):
         self.config = config
         self.clock = clock
         self._started_at = rfc3339(clock())
-        self._specs = {m.id: m.spec() for m in config.models}
+        self._specs = {
+            m.id: m.spec() if isinstance(m, ModelManifest) else m for m in config.models
+        }
         unknown = sorted({s.backend for s in self._specs.values()} - set(pm.backends))
         if unknown:
             raise Unsupported(f"no loaded plugin provides backend(s): {', '.join(unknown)}")
@@ -134,9 +136,11 @@ class LocalControlService(WerkControl):
         except KeyError:
             raise NotFound(f"model {model!r} is not served here") from None
 
-    def rows_for(self, spec: ModelSpec, runtime: Runtime | None) -> list[CapabilityReport]:
-        """The capability rows of one model now (after any probe the runtime has run)."""
-        return self.pm.capabilities(
+    async def rows_for(self, spec: ModelSpec, runtime: Runtime | None) -> list[CapabilityReport]:
+        """The capability rows of one model now (after any probe the runtime has run).
+
+        The plugin's discovery runs in a worker thread, bounded (never on the event loop)."""
+        return await self.pm.capabilities_bounded(
             CapabilityContext(backend=spec.backend, model=spec, runtime=runtime)
         )
 
@@ -179,15 +183,20 @@ class LocalControlService(WerkControl):
 
     async def capabilities(self, *, model: str | None = None) -> CapabilitiesResponse:
         self.forget_dead_generations()
-        rows = await anyio.to_thread.run_sync(
-            lambda: compose_capabilities(
-                self.pm,
-                list(self._specs.values()),
-                self.runtimes.live(),
-                model=model,
-                reservations=self.memory_manager.reservations_capability(),
-            )
+        contexts = capability_contexts(
+            self.pm, list(self._specs.values()), self.runtimes.live(), model=model
         )
+        rows = await anyio.to_thread.run_sync(host_capabilities)
+        rows.append(self.memory_manager.reservations_capability())
+        answers: list[list[CapabilityReport]] = [[] for _ in contexts]
+
+        async def ask(index: int, context: CapabilityContext) -> None:
+            answers[index] = await self.pm.capabilities_bounded(context)
+
+        async with anyio.create_task_group() as tg:
+            for index, context in enumerate(contexts):
+                tg.start_soon(ask, index, context)
+        rows += [row for answer in answers for row in answer]
         return CapabilitiesResponse(protocol=PROTOCOL_VERSION, capabilities=rows)
 
     async def memory(self) -> MemoryResponse:
@@ -214,7 +223,8 @@ class LocalControlService(WerkControl):
     ) -> ResidencyResult:
         spec = self.spec(model)
         runtime = self.runtimes.live().get(model)
-        gate(self.rows_for(spec, runtime), CapabilityId.MODEL_RESIDENCY, allow_experimental=False)
+        rows = await self.rows_for(spec, runtime)
+        gate(rows, CapabilityId.MODEL_RESIDENCY, allow_experimental=False)
         if request.dry_run:
             return ResidencyResult(model=model, resident=runtime is not None)
         if resident:
@@ -259,7 +269,7 @@ class LocalControlService(WerkControl):
         spec = self.spec(model)
         runtime = self.runtimes.live().get(model)
         gate(
-            self.rows_for(spec, runtime),
+            await self.rows_for(spec, runtime),
             CapabilityId.EXPERTS_RESIDENCY,
             allow_experimental=allow_experimental,
         )
@@ -344,7 +354,7 @@ class LocalControlService(WerkControl):
             Operation.OPENAI, runtime, call=OpenAICall(route=route, body=body, stream=stream)
         )
         if reply.stream is not None:
-            return OpenAIReply(stream=_contained_stream(reply.stream, spec.backend))
+            return OpenAIReply(stream=_ContainedStream(reply.stream, spec.backend))
         return reply
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -353,18 +363,43 @@ class LocalControlService(WerkControl):
         await self.runtimes.aclose()
 
 
-async def _contained_stream(stream: AsyncIterator[bytes], backend: str) -> AsyncIterator[bytes]:
-    """Relay a backend's streamed ``/v1`` reply, containing its failures like ``call_operation``.
+class _ContainedStream:
+    """A backend's streamed ``/v1`` reply, its failures contained like ``call_operation``'s.
 
     The stream is consumed after ``call_operation`` returned, so a plain exception raised by the
     plugin mid-stream would otherwise surface as ``internal`` (a Werk bug). It becomes
     ``backend_error`` with Werk's own summary; the plugin's text goes only to the server log.
+    :meth:`aclose` closes the plugin's iterator exactly once; the HTTP layer calls it when the
+    reply ends, fails or the client goes away, so plugins can rely on their ``aclose()``.
     """
-    try:
-        async for payload in stream:
-            yield payload
-    except WerkError:
-        raise
-    except Exception:
-        log.exception("the streamed reply of backend %r failed", backend)
-        raise BackendError(f"backend {backend!r} failed while streaming its reply") from None
+
+    def __init__(self, stream: AsyncIterator[bytes], backend: str) -> None:
+        self._stream = stream
+        self._backend = backend
+        self._closed = False
+
+    def __aiter__(self) -> _ContainedStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._stream.__anext__()
+        except (StopAsyncIteration, WerkError):
+            raise
+        except Exception:
+            log.exception("the streamed reply of backend %r failed", self._backend)
+            raise BackendError(
+                f"backend {self._backend!r} failed while streaming its reply"
+            ) from None
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is None:
+            return
+        try:
+            await aclose()
+        except Exception:
+            log.exception("closing the streamed reply of backend %r failed", self._backend)

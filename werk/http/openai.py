@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from ..control.interface import WerkControl
 from ..protocol import encode
@@ -24,6 +26,32 @@ from .requests import read_object
 __all__ = ["openai_routes"]
 
 OPENAI_BODY = 32 * 1024 * 1024
+
+
+async def _aclose(stream: AsyncIterator[bytes]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with anyio.CancelScope(shield=True):
+            await aclose()
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streamed reply that always closes the backend's iterator when the exchange ends:
+    completed, failed, or abandoned by the client (even before the first chunk was read)."""
+
+    def __init__(self, source: AsyncIterator[bytes], request_id: str) -> None:
+        self._source = source
+        super().__init__(
+            _sse(source, request_id),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await _aclose(self._source)
 
 
 def _sse(stream: AsyncIterator[bytes], request_id: str) -> AsyncIterator[bytes]:
@@ -42,6 +70,8 @@ def _sse(stream: AsyncIterator[bytes], request_id: str) -> AsyncIterator[bytes]:
                 }
             }
             yield b"data: " + encode(body) + b"\n\n"
+        finally:
+            await _aclose(stream)
         yield b"data: [DONE]\n\n"
 
     return relay()
@@ -57,11 +87,7 @@ def _completion_route(
             reply = await control.openai_request(principal, route, body)
             if reply.stream is not None:
                 request_id = request.scope.get("werk_request_id", "req_unknown")
-                return StreamingResponse(
-                    _sse(reply.stream, request_id),
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                )
+                return ClosingStreamingResponse(reply.stream, request_id)
             return Response(encode(reply.body), 200, media_type="application/json")
         except Exception as exc:
             return error_response(request, exc)

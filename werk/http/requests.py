@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import secrets
 from typing import Any, TypeVar
 
@@ -12,15 +14,42 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..protocol import InvalidRequest, PayloadTooLarge, UnsupportedMediaType, decode
 from .errors import error_response
 
-__all__ = ["RequestFramingMiddleware", "RequestIdMiddleware", "read_body", "read_struct"]
+__all__ = [
+    "RequestFramingMiddleware",
+    "RequestIdFilter",
+    "RequestIdMiddleware",
+    "current_request_id",
+    "read_body",
+    "read_struct",
+]
 
 _T = TypeVar("_T")
 
 REQUEST_ID_HEADER = b"x-werk-request-id"
 
 
+_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "werk_request_id", default=None
+)
+
+
 def new_request_id() -> str:
     return "req_" + secrets.token_hex(12)
+
+
+def current_request_id() -> str | None:
+    """The id of the HTTP request being served in this context (tasks and worker threads
+    started for it inherit it), or ``None`` outside a request."""
+    return _REQUEST_ID.get()
+
+
+class RequestIdFilter(logging.Filter):
+    """Sets ``record.request_id`` (``-`` outside a request) on every record a handler emits, so
+    every log line of a failed request, the plugin's included, carries the request's id."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = _REQUEST_ID.get() or "-"
+        return True
 
 
 class RequestIdMiddleware:
@@ -36,6 +65,7 @@ class RequestIdMiddleware:
             return
         request_id = new_request_id()
         scope["werk_request_id"] = request_id
+        _REQUEST_ID.set(request_id)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

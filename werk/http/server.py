@@ -14,6 +14,8 @@ connection whose request body was left unread is
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 from typing import Any
 
 import h11
@@ -22,7 +24,7 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..protocol import InvalidRequest, encode
-from .requests import REQUEST_ID_HEADER, new_request_id
+from .requests import REQUEST_ID_HEADER, RequestIdFilter, new_request_id
 
 __all__ = ["HeaderDeadlineProtocol", "make_server"]
 
@@ -91,6 +93,20 @@ class HeaderDeadlineProtocol(H11Protocol):
         self._header_timer = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.transport.close()
+
+
+def configure_logging(level: str = "warning") -> None:
+    """Send ``werk.*`` log records (plugins' included) to stderr with their request id."""
+    logger = logging.getLogger("werk")
+    if any(isinstance(f, RequestIdFilter) for h in logger.handlers for f in h.filters):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(
+        logging.Formatter("werk: %(levelname)s [%(request_id)s] %(name)s: %(message)s")
+    )
+    logger.addHandler(handler)
+    logger.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "WARNING")
 
 
 def make_server(

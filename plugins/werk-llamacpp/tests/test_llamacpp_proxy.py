@@ -10,7 +10,6 @@ SDK.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -357,15 +356,16 @@ async def test_an_error_event_ends_the_stream_with_a_werk_error(
 
 
 @pytest.mark.anyio
-async def test_an_unconsumed_stream_frees_its_slot_and_connection(
+async def test_an_unconsumed_stream_closed_by_the_host_frees_its_slot_and_connection(
     stand_in: tuple[StandIn, Runtime],
 ) -> None:
+    """The host closes every stream it opened (contract 1.1), also one never iterated."""
     server, runtime = stand_in
     server.script = [sse([b'data: {"choices":[]}\n\n'])]
     reply = await openai_reply(runtime, chat_call(stream=True))
     assert runtime.handle.picker.in_flight() == 1
-    del reply
-    gc.collect()
+    assert reply.stream is not None
+    await reply.stream.aclose()
     assert runtime.handle.picker.in_flight() == 0
     with anyio.fail_after(10):
         await server.closed.wait()  # the response's connection was closed

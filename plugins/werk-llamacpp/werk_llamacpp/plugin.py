@@ -14,8 +14,9 @@ Capability rows are the seed's llama.cpp columns, computed from what is true now
 * state and prefill/decode rows: ``experimental`` only while the runtime is alive *and* its
   handle's functional probe passed for that very process generation; otherwise
   ``unavailable`` with the probe's reason (not run, failed, no live process, process exited).
-* ``runtime.state.restore.cross_restart``: ``unavailable`` (snapshots are generation-bound);
-  ``runtime.state.tier.ram|vram`` and ``runtime.experts.residency``: ``unsupported``.
+* ``runtime.state.restore.cross_restart``: ``unavailable`` (snapshots are generation-bound).
+* ``runtime.state.tier.ram|vram`` and ``runtime.experts.residency``: the host reports them
+  ``unsupported`` (no tier hook exists; this plugin implements no expert hooks).
 """
 
 from __future__ import annotations
@@ -176,21 +177,6 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
             id=CapabilityId.STATE_RESTORE_CROSS_RESTART,
             status=CapabilityStatus.UNAVAILABLE,
             reason="snapshots are bound to the live process generation that produced them",
-        )
-    )
-    rows += [
-        CapabilityReport(
-            id=cap,
-            status=CapabilityStatus.UNSUPPORTED,
-            reason="llama-server keeps slot state only in its own process; no RAM/VRAM tier API",
-        )
-        for cap in (CapabilityId.STATE_TIER_RAM, CapabilityId.STATE_TIER_VRAM)
-    ]
-    rows.append(
-        CapabilityReport(
-            id=CapabilityId.EXPERTS_RESIDENCY,
-            status=CapabilityStatus.UNSUPPORTED,
-            reason="llama-server exposes no expert movement operation",
         )
     )
     return rows

@@ -34,10 +34,8 @@ text goes only to the server log.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
-import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +68,6 @@ MAX_ERROR_BYTES = 64 * 1024
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 DRAIN_SECONDS = 1.0
 _NO_RESPONSE = "Server disconnected without sending a response."
-_pending: set[asyncio.Task[None]] = set()
 
 
 def _handle(runtime: Runtime) -> ManagedHandle:
@@ -284,25 +281,12 @@ async def _aclose(response: httpx.Response) -> None:
         log.debug("closing a llama-server response failed", exc_info=True)
 
 
-def _abandon(response: httpx.Response, lease: _Lease) -> None:
-    """A stream that was never consumed (the client left before the relay began)."""
-    lease.release()
-    if response.is_closed:
-        return
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    task = loop.create_task(_aclose(response))
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
-
-
 class SSEStream:
     """The child's SSE reply as bare ``data`` payloads, read incrementally.
 
-    An async iterator rather than a generator so that a stream the host drops before the first
-    ``__anext__`` still closes its response and frees its slot (via a ``weakref.finalize``).
+    The host calls :meth:`aclose` whenever the exchange ends (completed, failed, or the client
+    went away, even before the first ``__anext__``): that frees the slot and closes the child's
+    response, which makes llama-server cancel the generation.
     """
 
     def __init__(
@@ -323,7 +307,6 @@ class SSEStream:
         self._ready: collections.deque[bytes] = collections.deque()
         self._done = False
         self._finished = False
-        self._finalizer = weakref.finalize(self, _abandon, response, lease)
 
     def __aiter__(self) -> SSEStream:
         return self
@@ -384,7 +367,6 @@ class SSEStream:
 
     async def aclose(self) -> None:
         finished, self._done = self._finished, True
-        self._finalizer.detach()
         self._lease.release()
         if finished:
             await self._drain()

@@ -1,8 +1,9 @@
 """Werk hook implementations for the Diffusers/Transformers media worker.
 
-Media pipelines have model residency but no text KV state: every state and prefill/decode row
-is ``unsupported``; residency is ``unavailable`` until the worker's Python libraries are
-installed and a worker can be started.
+Media pipelines have model residency but no text KV state. Residency is ``unavailable`` until
+the worker's Python libraries are installed and a worker can be started; the plugin implements
+no state, prefill/decode or expert hook, so the host reports those rows ``unsupported``
+(backend contract 1.1).
 """
 
 from __future__ import annotations
@@ -51,26 +52,4 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
             reason=_residency_reason(),
         ),
     ]
-    no_kv = "media pipelines keep no text KV state"
-    rows += [
-        CapabilityReport(id=cap, status=CapabilityStatus.UNSUPPORTED, reason=no_kv)
-        for cap in (
-            CapabilityId.STATE_PREFIX_CACHE,
-            CapabilityId.STATE_PERSISTENCE,
-            CapabilityId.STATE_RESTORE,
-            CapabilityId.STATE_TIER_DISK,
-            CapabilityId.STATE_TIER_RAM,
-            CapabilityId.STATE_TIER_VRAM,
-            CapabilityId.PD_PREFILL,
-            CapabilityId.PD_DECODE,
-            CapabilityId.PD_HANDOFF,
-        )
-    ]
-    rows.append(
-        CapabilityReport(
-            id=CapabilityId.EXPERTS_RESIDENCY,
-            status=CapabilityStatus.UNSUPPORTED,
-            reason="the media worker has no expert movement operation",
-        )
-    )
     return rows

@@ -1,7 +1,8 @@
 """Werk hook implementations for oMLX (Apple silicon, macOS only).
 
 On other systems every operational row is ``unavailable`` (a prerequisite, macOS on Apple
-silicon, is missing) or ``unsupported`` (oMLX has no named state contract).
+silicon, is missing). The plugin implements no state or prefill/decode hook, so the host reports
+those rows ``unsupported`` (backend contract 1.1).
 """
 
 from __future__ import annotations
@@ -53,20 +54,5 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
             status=CapabilityStatus.UNAVAILABLE,
             reason=f"{missing}; needs a loaded worker with explicit expert offload",
         ),
-    ]
-    no_state = "oMLX has no named snapshot/restore or split prefill/decode contract"
-    rows += [
-        CapabilityReport(id=cap, status=CapabilityStatus.UNSUPPORTED, reason=no_state)
-        for cap in (
-            CapabilityId.STATE_PREFIX_CACHE,
-            CapabilityId.STATE_PERSISTENCE,
-            CapabilityId.STATE_RESTORE,
-            CapabilityId.STATE_TIER_DISK,
-            CapabilityId.STATE_TIER_RAM,
-            CapabilityId.STATE_TIER_VRAM,
-            CapabilityId.PD_PREFILL,
-            CapabilityId.PD_DECODE,
-            CapabilityId.PD_HANDOFF,
-        )
     ]
     return rows

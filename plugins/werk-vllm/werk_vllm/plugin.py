@@ -1,9 +1,9 @@
 """Werk hook implementations for vLLM: a Werk-started local server and a remote endpoint.
 
-Neither can run on a machine without a GPU and vLLM; until the process manager lands, rows are
-reported for the state Werk can prove now: no active process, so residency and the automatic
-prefix cache are ``unavailable``, and named states are ``unsupported`` (vLLM exposes no
-snapshot/restore contract).
+Until the process manager lands, rows are reported for the state Werk can prove now: no active
+process, so residency and the automatic prefix cache are ``unavailable``. The plugin implements
+no state, prefill/decode or expert hook, so the host reports those rows ``unsupported``
+(backend contract 1.1); nothing here repeats that.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from werk import (
 LOCAL = "vllm"
 REMOTE = "vllm-remote"
 
-_NO_NAMED_STATE = "vLLM exposes no named snapshot/restore or split prefill/decode contract"
-
 
 @hookimpl
 def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
@@ -42,12 +40,6 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             description="a separately operated vLLM OpenAI endpoint",
         )
     )
-
-
-def _unsupported(reason: str, *caps: CapabilityId) -> list[CapabilityReport]:
-    return [
-        CapabilityReport(id=c, status=CapabilityStatus.UNSUPPORTED, reason=reason) for c in caps
-    ]
 
 
 @hookimpl
@@ -70,21 +62,4 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
             reason=f"{no_endpoint}; automatic prefix caching is backend-owned",
         ),
     ]
-    rows += _unsupported(
-        _NO_NAMED_STATE,
-        CapabilityId.STATE_PERSISTENCE,
-        CapabilityId.STATE_RESTORE,
-        CapabilityId.STATE_TIER_DISK,
-        CapabilityId.PD_PREFILL,
-        CapabilityId.PD_DECODE,
-        CapabilityId.PD_HANDOFF,
-    )
-    rows += _unsupported(
-        "vLLM KV offload is outside the adapter",
-        CapabilityId.STATE_TIER_RAM,
-        CapabilityId.STATE_TIER_VRAM,
-    )
-    rows += _unsupported(
-        "vLLM exposes no expert movement operation", CapabilityId.EXPERTS_RESIDENCY
-    )
     return rows

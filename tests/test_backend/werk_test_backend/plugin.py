@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -49,6 +50,10 @@ from .decoder import FAIL_PREFILL, FAILURE_DETAIL, Generation, generate
 from .engine import BACKEND, CACHE_LAYOUT, Engine, engine_of, start, stop
 from .kvstate import KVState, common_prefix, render_messages
 from .openai_compat import completion_body, parse_request, stream_chunks
+
+SLOW_CAPABILITIES = "<<slow-capabilities>>"
+SLOW_STREAM = "<<slow-stream>>"
+SLOW_CAPABILITIES_SECONDS = 2.0
 
 __all__ = [
     "BACKEND",
@@ -98,7 +103,14 @@ def _is_live(runtime: Runtime | None) -> bool:
 
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
-    """Rows for ``testkv``; the state and P/D rows follow the runtime's liveness right now."""
+    """Rows for ``testkv``; the state and P/D rows follow the runtime's liveness right now.
+
+    A model file containing ``<<slow-capabilities>>`` makes this hook block for
+    :data:`SLOW_CAPABILITIES_SECONDS` (the host must not run it on its event loop)."""
+    if context.model is not None and context.model.files:
+        with contextlib.suppress(OSError):
+            if SLOW_CAPABILITIES in context.model.files[0].read_text(errors="replace"):
+                time.sleep(SLOW_CAPABILITIES_SECONDS)
     rows = [
         CapabilityReport(
             id=CapabilityId.MODEL_RESIDENCY,
@@ -322,4 +334,21 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
         complete=complete,
         check_alive=lambda: engine_of(runtime),
     )
+    if SLOW_STREAM in request.text and runtime.model.files:
+        stream = _observed(stream, closed_marker(runtime.model.files[0]))
     return OpenAIReply(stream=stream)
+
+
+def closed_marker(model_file: Path) -> Path:
+    """Created when a ``<<slow-stream>>`` reply's generator was closed (``aclose`` ran)."""
+    return model_file.with_name(model_file.name + ".stream-closed")
+
+
+async def _observed(stream: AsyncIterator[bytes], marker: Path) -> AsyncIterator[bytes]:
+    """Relay slowly (0.5 s per chunk) and record, in ``marker``, that the host closed us."""
+    try:
+        async for payload in stream:
+            yield payload
+            await anyio.sleep(0.5)
+    finally:
+        marker.write_text("closed\n")
