@@ -110,7 +110,10 @@ def test_weaker_and_hookless_statuses_are_kept_as_the_plugin_said() -> None:
 
 def test_a_claim_with_its_hooks_is_kept() -> None:
     row = CapabilityReport(
-        id=CapabilityId.STATE_TIER_DISK, status=CapabilityStatus.EXPERIMENTAL, backend="b", reason="p"
+        id=CapabilityId.STATE_TIER_DISK,
+        status=CapabilityStatus.EXPERIMENTAL,
+        backend="b",
+        reason="p",
     )
     hooks = ["werk_snapshot", "werk_restore"]
     rows = _by_id(complete_rows([row], hooks=hooks, backend="b", model=None, can_start=True))
@@ -144,7 +147,9 @@ class Sleepy:
     def werk_capabilities(self, context: CapabilityContext) -> list[CapabilityReport]:
         self.threads.append(threading.get_ident())
         time.sleep(self.seconds)
-        return [CapabilityReport(id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.SUPPORTED)]
+        return [
+            CapabilityReport(id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.SUPPORTED)
+        ]
 
 
 @pytest.mark.anyio

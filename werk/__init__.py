@@ -57,6 +57,15 @@ from .protocol import (
     WerkError,
     WerkTimeout,
 )
+from .supervise import (
+    ProcessExited,
+    SupervisedProcess,
+    WorkDir,
+    free_port,
+    listens_on,
+    sweep_stale_workdirs,
+    wait_until_ready,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -98,12 +107,14 @@ __all__ = [
     "Policy",
     "PrefillCall",
     "PrefillOutcome",
+    "ProcessExited",
     "ResourceExhausted",
     "Retention",
     "Reuse",
     "ReuseUnavailable",
     "Runtime",
     "StateKind",
+    "SupervisedProcess",
     "TurnOutcome",
     "Unauthenticated",
     "Unavailable",
@@ -111,9 +122,14 @@ __all__ = [
     "WerkError",
     "WerkPluginManager",
     "WerkTimeout",
+    "WorkDir",
     "__version__",
+    "free_port",
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
+    "listens_on",
+    "sweep_stale_workdirs",
+    "wait_until_ready",
     "werk_home",
 ]

@@ -91,4 +91,3 @@ def test_log_lines_of_a_failed_request_carry_its_request_id(spawn_server: SpawnS
         time.sleep(0.05)
     lines = [line for line in server.log().splitlines() if request_id in line]
     assert any("werk_prefill raised" in line for line in lines), server.log()[-2000:]
-

@@ -142,19 +142,27 @@ def _state_status(context: CapabilityContext) -> tuple[CapabilityStatus, str]:
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     status, reason = _state_status(context)
     rows = [CapabilityReport(id=cap, status=status, reason=reason) for cap in STATE_ROWS]
-    rows.append(CapabilityReport(id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.SUPPORTED))
+    rows.append(
+        CapabilityReport(id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.SUPPORTED)
+    )
     return rows
 
 
 @hookimpl
 def werk_prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
-    text = call.prompt if call.prompt is not None else "\n".join(m.content for m in call.messages or ())
+    text = (
+        call.prompt
+        if call.prompt is not None
+        else "\n".join(m.content for m in call.messages or ())
+    )
     cached = 0
     if call.reuse_from is not None:
         previous = _text_of(runtime, call.reuse_from)
         while cached < min(len(previous), len(text)) and previous[cached] == text[cached]:
             cached += 1
-    return PrefillOutcome(state=_state(runtime, text), prompt_tokens=len(text), cached_tokens=cached)
+    return PrefillOutcome(
+        state=_state(runtime, text), prompt_tokens=len(text), cached_tokens=cached
+    )
 
 
 @hookimpl
@@ -168,7 +176,10 @@ def werk_snapshot(runtime: Runtime, state: BackendState) -> BackendState:
     data = _text_of(runtime, state).encode()
     payload = MAGIC + hashlib.sha256(data).digest() + data
     return BackendState(
-        kind=StateKind.BYTES, data=payload, generation=runtime.generation, logical_bytes=len(payload)
+        kind=StateKind.BYTES,
+        data=payload,
+        generation=runtime.generation,
+        logical_bytes=len(payload),
     )
 
 

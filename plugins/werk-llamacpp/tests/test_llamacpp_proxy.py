@@ -54,6 +54,7 @@ from werk import (
     Unavailable,
     Unsupported,
     WerkError,
+    WorkDir,
 )
 
 SECRET = "backend-secret-text /srv/models/private.gguf"
@@ -164,13 +165,14 @@ async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, Runtime]]:
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     server.port = listener.sockets[0].getsockname()[1]
     sleeper = subprocess.Popen(["sleep", "300"])
-    lock_fd = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    gen_dir = tmp_path / "g_standin"
+    gen_dir.mkdir()
+    lock_fd = os.open(gen_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
     child = Child(
         sleeper,
         generation="g_standin",
-        gen_dir=tmp_path,
+        workdir=WorkDir(gen_dir, lock_fd),
         log_path=tmp_path / "log",
-        lock_fd=lock_fd,
         port=server.port,
     )
     http, fresh = _clients(f"http://127.0.0.1:{server.port}", "key")
@@ -212,7 +214,7 @@ async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, Runtime]]:
         sleeper.kill()
         sleeper.wait()
         child.poll()
-        os.close(lock_fd)
+        child.remove_dir()
         listener.close()
 
 

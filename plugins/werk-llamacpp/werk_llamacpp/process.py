@@ -10,35 +10,21 @@ on stop (state files the host has not moved into its catalog are the child's pri
 files). A directory left behind by a Werk that was SIGKILLed is recognised by its unlocked
 ``lock`` file (an ``flock`` held for the child's lifetime) and removed by the next start.
 
-**Children never outlive Werk silently (Linux).** The child is spawned with
-``PR_SET_PDEATHSIG = SIGKILL`` (``prctl`` through ctypes in ``preexec_fn``), so the kernel kills
-it when its parent dies, including by SIGKILL. Linux delivers the signal when the *thread* that
-forked the child exits, not the process: spawn only from the long-lived event-loop thread (what
-:func:`spawn_child` is called from in ``werk serve``), never from a worker thread (anyio retires
-idle worker threads after a few seconds, which would kill the child). The child runs in its own
-session so a terminal's Ctrl+C reaches Werk only; Werk then stops the child itself.
-
-**Crash detection.** A ``pidfd`` of the child is watched by the event loop (no polling); when
-the child exits it is reaped at once and the registered callback marks the runtime dead.
-Without pidfd support :meth:`Child.poll` at each operation does the same.
+**Supervision is the host's** (:mod:`werk.supervise`): the child is a
+:class:`werk.SupervisedProcess` (own process group, fork-safe parent-death signal, pidfd exit
+detection and reaping, stop by group, log tail) and its generation directory a
+:class:`werk.WorkDir`. Spawn only from the long-lived event-loop thread (what
+:func:`spawn_child` is called from in ``werk serve``): Linux delivers the parent-death signal
+when the spawning *thread* exits.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ctypes
-import fcntl
 import logging
-import os
 import re
 import secrets
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,16 +32,20 @@ from pathlib import Path
 
 import anyio
 import httpx
-import psutil
 
 from werk import (
     BackendError,
     CapabilityId,
     InvalidRequest,
     ModelSpec,
+    ProcessExited,
     Runtime,
+    SupervisedProcess,
     Unavailable,
-    WerkTimeout,
+    WorkDir,
+    free_port,
+    listens_on,
+    wait_until_ready,
     werk_home,
 )
 
@@ -76,27 +66,16 @@ __all__ = [
     "ManagedHandle",
     "SlotPicker",
     "check_alive",
-    "free_port",
     "generation_root",
     "new_generation",
+    "prepare_generation",
     "spawn_child",
     "start_runtime",
     "startup_failure",
     "stop_runtime",
-    "sweep_stale_generations",
 ]
 
 log = logging.getLogger("werk.llamacpp")
-
-PR_SET_PDEATHSIG = 1
-TERM_GRACE_SECONDS = 5.0
-LOG_TAIL_BYTES = 16 * 1024
-
-_libc: ctypes.CDLL | None = None
-if sys.platform.startswith("linux"):
-    with contextlib.suppress(OSError):
-        _libc = ctypes.CDLL(None, use_errno=True)
-
 
 def generation_root() -> Path:
     return werk_home() / "backends" / "llamacpp"
@@ -106,260 +85,54 @@ def new_generation() -> str:
     return "g_" + secrets.token_hex(8)
 
 
-def free_port() -> int:
-    """A currently free loopback port (the child binds it a moment later; a lost race shows
-    up as a bind failure, which the caller retries with a new port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _make_private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=False, exist_ok=False)
-    os.chmod(path, 0o700)
-
-
-def _ensure_root(root: Path) -> None:
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(root, 0o700)
-
-
-def sweep_stale_generations(root: Path) -> list[str]:
-    """Remove generation directories whose owner is gone (their ``lock`` is not held)."""
-    removed: list[str] = []
-    if not root.is_dir():
-        return removed
-    for entry in root.iterdir():
-        if not entry.name.startswith("g_") or entry.is_symlink() or not entry.is_dir():
-            continue
-        lock = entry / "lock"
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if time.time() - entry.stat().st_mtime < 60:
-                continue  # being created right now
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry.name)
-            continue
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # a live Werk holds it
-        else:
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry.name)
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _pdeathsig(parent_pid: int) -> Callable[[], None]:
-    """``preexec_fn``: ask the kernel to SIGKILL the child when its parent thread dies.
-
-    The parent may already have died between ``fork`` and ``prctl``; then ``getppid`` differs
-    and the child exits at once."""
-    libc = _libc
-
-    def run() -> None:
-        if libc is not None:
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent_pid:
-                os._exit(1)
-
-    return run
-
-
-class Child:
-    """One spawned ``llama-server`` process and its generation directory."""
+class Child(SupervisedProcess):
+    """One spawned ``llama-server`` process, its port and its generation directory."""
 
     def __init__(
         self,
         popen: subprocess.Popen[bytes],
         *,
         generation: str,
-        gen_dir: Path,
+        workdir: WorkDir,
         log_path: Path,
-        lock_fd: int,
         port: int,
     ) -> None:
-        self.popen = popen
+        super().__init__(popen, log_path=log_path, name="llama-server")
         self.generation = generation
-        self.gen_dir = gen_dir
-        self.log_path = log_path
+        self.workdir = workdir
         self.port = port
-        self._lock_fd: int | None = lock_fd
-        self._pidfd: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._on_exit: list[Callable[[int], None]] = []
-        self._exit_reported = False
 
     @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def poll(self) -> int | None:
-        """The exit code once the child has exited (and reap it), else ``None``."""
-        code = self.popen.poll()
-        if code is not None:
-            self._report_exit(code)
-        return code
-
-    def on_exit(self, callback: Callable[[int], None]) -> None:
-        """Call ``callback(returncode)`` once when the child exits (immediately if it has)."""
-        self._on_exit.append(callback)
-        if self._exit_reported and self.popen.returncode is not None:
-            callback(self.popen.returncode)
-
-    def _report_exit(self, code: int) -> None:
-        if self._exit_reported:
-            return
-        self._exit_reported = True
-        self.unwatch()
-        for callback in self._on_exit:
-            try:
-                callback(code)
-            except Exception:
-                log.exception("llama-server exit callback failed")
-
-    def watch(self) -> bool:
-        """Watch the child's pidfd on the running asyncio loop; ``False`` if unavailable."""
-        if self._pidfd is not None:
-            return True
-        pidfd_open = getattr(os, "pidfd_open", None)
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        if pidfd_open is None:
-            return False
-        try:
-            fd = pidfd_open(self.pid)
-        except OSError:
-            self.poll()
-            return False
-        try:
-            loop.add_reader(fd, self._pidfd_ready)
-        except (NotImplementedError, OSError):
-            os.close(fd)
-            return False
-        self._pidfd, self._loop, self._loop_thread = fd, loop, threading.get_ident()
-        self.poll()  # it may have exited before the watch began
-        return True
-
-    def _pidfd_ready(self) -> None:
-        if self.poll() is None:  # spurious wake-up
-            return
-
-    def unwatch(self) -> None:
-        """Stop watching (thread-safe: capability discovery may poll from a worker thread)."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed() and threading.get_ident() != self._loop_thread:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._unwatch_now)
-                return
-        self._unwatch_now()
-
-    def _unwatch_now(self) -> None:
-        fd, loop = self._pidfd, self._loop
-        self._pidfd = self._loop = None
-        if fd is None:
-            return
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(Exception):
-                loop.remove_reader(fd)
-        os.close(fd)
-
-    def kill_now(self) -> None:
-        """SIGKILL and reap, synchronously (startup failures and cancellation)."""
-        if self.popen.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.kill()
-            self.popen.wait()
-        self.poll()
-
-    async def terminate(self, grace: float = TERM_GRACE_SECONDS) -> int:
-        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; always reaps. Idempotent."""
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.terminate()
-            deadline = time.monotonic() + grace
-            delay = 0.01
-            while self.poll() is None and time.monotonic() < deadline:
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 0.05)
-            if self.poll() is None:
-                log.warning("llama-server %s ignored SIGTERM; killing it", self.pid)
-                self.kill_now()
-        code = self.popen.returncode
-        assert code is not None
-        return code
-
-    def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - limit))
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+    def gen_dir(self) -> Path:
+        return self.workdir.path
 
     def remove_dir(self) -> None:
         """Delete the generation directory and release its lock (after the child is reaped)."""
-        shutil.rmtree(self.gen_dir, ignore_errors=True)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self.workdir.release()
 
 
-def prepare_generation(root: Path, generation: str) -> tuple[Path, Path, int]:
-    """Create ``root/<generation>`` (0700) with ``slots/`` (0700) and a held ``lock``."""
-    _ensure_root(root)
-    sweep_stale_generations(root)
-    gen_dir = root / generation
-    _make_private_dir(gen_dir)
-    _make_private_dir(gen_dir / "slots")
-    _make_private_dir(gen_dir / "config")
-    fd = os.open(
-        gen_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-    )
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return gen_dir, gen_dir / "slots", fd
+def prepare_generation(root: Path, generation: str) -> WorkDir:
+    """``root/<generation>`` (0700) with ``slots/`` and ``config/`` (0700) and a held lock;
+    generation directories a killed Werk left behind are removed first."""
+    return WorkDir.create(root, generation, subdirs=("slots", "config"))
 
 
 def spawn_child(
-    executable: Path,
-    argv: Sequence[str],
-    *,
-    generation: str,
-    gen_dir: Path,
-    lock_fd: int,
-    port: int,
+    executable: Path, argv: Sequence[str], *, generation: str, workdir: WorkDir, port: int
 ) -> Child:
     """Start the process (call from the event-loop thread: see the module docstring)."""
-    log_path = gen_dir / "server.log"
     env = child_environment()
     # llama.cpp reads ~/.config/llama.cpp/config.ini (XDG_CONFIG_HOME); give it an empty one.
-    env["XDG_CONFIG_HOME"] = str(gen_dir / "config")
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        popen = subprocess.Popen(
-            [str(executable), *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=gen_dir,
-            start_new_session=True,
-            preexec_fn=_pdeathsig(os.getpid()),  # PDEATHSIG: see the module docstring
-        )
-    finally:
-        os.close(log_fd)
+    env["XDG_CONFIG_HOME"] = str(workdir.path / "config")
+    spawned = SupervisedProcess.spawn(
+        [executable, *argv], log_path=workdir.path / "server.log", env=env, cwd=workdir.path
+    )
     return Child(
-        popen, generation=generation, gen_dir=gen_dir, log_path=log_path, lock_fd=lock_fd, port=port
+        spawned.popen,
+        generation=generation,
+        workdir=workdir,
+        log_path=workdir.path / "server.log",
+        port=port,
     )
 
 
@@ -471,7 +244,6 @@ class SlotPicker:
 # The runtime lifecycle: BackendDescriptor.start / .stop
 # -------------------------------------------------------------------------------------------
 
-HEALTH_POLL_MAX_SECONDS = 0.1
 BIND_ATTEMPTS = 3
 
 
@@ -526,41 +298,14 @@ def _model_file(spec: ModelSpec) -> Path:
 
 async def _wait_ready(child: Child, http: httpx.AsyncClient, timeout: float) -> None:
     """Poll ``/health`` until it answers 200, the child exits, or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        code = child.poll()
-        if code is not None:
-            raise _StartupExit(code)
+
+    async def healthy() -> bool:
         try:
-            response = await http.get("/health", timeout=2.0)
-            if response.status_code == 200:
-                return
+            return (await http.get("/health", timeout=2.0)).status_code == 200
         except httpx.TransportError:
-            pass
-        if time.monotonic() >= deadline:
-            raise WerkTimeout(
-                f"llama-server did not become ready within {timeout:.0f}s",
-                capability=CapabilityId.MODEL_RESIDENCY,
-            )
-        await anyio.sleep(delay)
-        delay = min(delay * 1.5, HEALTH_POLL_MAX_SECONDS)
+            return False
 
-
-class _StartupExit(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-def _listens_on(pid: int, port: int) -> bool | None:
-    """Whether ``pid`` has a LISTEN socket on ``port`` (``None``: cannot tell)."""
-    try:
-        proc = psutil.Process(pid)
-        conns = proc.net_connections(kind="inet")
-    except (psutil.Error, OSError):
-        return None
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+    await wait_until_ready(child, healthy, timeout=timeout, what="llama-server")
 
 
 async def _props(http: httpx.AsyncClient) -> tuple[int, int, str]:
@@ -597,9 +342,8 @@ async def _spawn_ready(
     inspection: Inspection,
     options: LaunchOptions,
     generation: str,
-    gen_dir: Path,
     slot_dir: Path,
-    lock_fd: int,
+    workdir: WorkDir,
 ) -> tuple[Child, BuiltArgs, str, httpx.AsyncClient, httpx.AsyncClient]:
     """Spawn and wait for readiness, retrying a lost port race; the child is killed on failure."""
     for attempt in range(1, BIND_ATTEMPTS + 1):
@@ -614,23 +358,18 @@ async def _spawn_ready(
             options=options,
         )
         child = spawn_child(
-            inspection.path,
-            built.argv,
-            generation=generation,
-            gen_dir=gen_dir,
-            lock_fd=lock_fd,
-            port=port,
+            inspection.path, built.argv, generation=generation, workdir=workdir, port=port
         )
         base_url = f"http://127.0.0.1:{port}"
         http, fresh = _clients(base_url, api_key)
         try:
             await _wait_ready(child, http, options.startup_timeout)
             code = child.poll()
-            if code is not None or _listens_on(child.pid, port) is False:
+            if code is not None or listens_on(child.pid, port) is False:
                 # It exited, or something else answered on its port.
-                raise _StartupExit(code if code is not None else -1)
+                raise ProcessExited(code if code is not None else -1)
             return child, built, api_key, http, fresh
-        except _StartupExit as exc:
+        except ProcessExited as exc:
             child.kill_now()
             await _close(http, fresh)
             if attempt < BIND_ATTEMPTS and is_bind_failure(child.log_tail()):
@@ -651,12 +390,6 @@ async def _close(*clients: httpx.AsyncClient) -> None:
             await client.aclose()
 
 
-def _remove_generation(gen_dir: Path, lock_fd: int) -> None:
-    shutil.rmtree(gen_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        os.close(lock_fd)
-
-
 async def start_runtime(spec: ModelSpec) -> Runtime:
     """``BackendDescriptor.start``: inspect, spawn, wait for readiness, verify, describe.
 
@@ -675,15 +408,14 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     _model_file(spec)
     inspection = await inspect_executable(located.path)  # help, version and hash: all done
     generation = new_generation()
-    gen_dir, slot_dir, lock_fd = await anyio.to_thread.run_sync(
-        prepare_generation, generation_root(), generation
-    )
+    workdir = await anyio.to_thread.run_sync(prepare_generation, generation_root(), generation)
+    slot_dir = workdir.path / "slots"
     try:
         child, built, api_key, http, fresh = await _spawn_ready(
-            spec, inspection, options, generation, gen_dir, slot_dir, lock_fd
+            spec, inspection, options, generation, slot_dir, workdir
         )
     except BaseException:
-        _remove_generation(gen_dir, lock_fd)
+        workdir.release()
         raise
     try:
         total_slots, n_ctx, alias = await _props(http)

@@ -1,0 +1,404 @@
+"""Supervised child processes: what every backend that runs a server process needs, once.
+
+A backend plugin that starts ``llama-server``, ``vllm serve``, a media worker or any other
+child process uses these pieces instead of writing its own (docs/plugins.md, "Supervised
+processes"):
+
+* :class:`WorkDir` — a private (0700) directory for one child's lifetime, held by an ``flock``
+  on its ``lock`` file; :func:`sweep_stale_workdirs` removes the ones a killed Werk left behind.
+* :class:`SupervisedProcess` — :meth:`~SupervisedProcess.spawn` starts the program in its own
+  session (process group), with stdout and stderr in a log file and **parent-death
+  signalling**: on Linux the kernel SIGKILLs the child when the thread that spawned it dies,
+  Werk's SIGKILL included. Exit detection without polling (a ``pidfd`` watched by the event
+  loop), reaping, :meth:`~SupervisedProcess.log_tail` for error messages, and
+  :meth:`~SupervisedProcess.terminate`, which stops the **whole process group** (SIGTERM, a
+  grace period, then SIGKILL), so helper processes of the child (vLLM's engine) go too.
+* :func:`wait_until_ready` — readiness polling with a deadline that notices an early exit;
+  :func:`free_port` and :func:`listens_on` for loopback ports.
+
+Restarting is the host's job: the runtime manager starts a new runtime (with backoff) when a
+plugin marks the old one dead, e.g. from an :meth:`~SupervisedProcess.on_exit` callback.
+
+**Parent-death signalling is fork-safe.** ``preexec_fn`` runs Python between ``fork`` and
+``exec`` and can deadlock in a threaded server, so the child is started through a tiny shim
+(``python -S -c …``) that calls ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, checks that its parent is
+still the spawning process, and ``exec``\\ s the real program (the setting survives ``exec``).
+Linux delivers the signal when the spawning *thread* exits: spawn from the long-lived
+event-loop thread, never from a worker thread (anyio retires idle worker threads after a few
+seconds, which would kill the child).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+
+import anyio
+import psutil
+
+from .protocol import CapabilityId, WerkTimeout
+
+__all__ = [
+    "ProcessExited",
+    "SupervisedProcess",
+    "WorkDir",
+    "free_port",
+    "listens_on",
+    "sweep_stale_workdirs",
+    "wait_until_ready",
+]
+
+log = logging.getLogger("werk.supervise")
+
+TERM_GRACE_SECONDS = 5.0
+LOG_TAIL_BYTES = 16 * 1024
+READY_POLL_MAX_SECONDS = 0.1
+
+# argv: [python, -I, -S, -c, SHIM, parent_pid, program, args...]; exits 127 if exec fails.
+_PDEATHSIG_SHIM = (
+    "import ctypes,os,sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    " ctypes.CDLL(None,use_errno=True).prctl(1,9,0,0,0)\n"
+    " os.getppid()==int(sys.argv[1]) or os._exit(1)\n"
+    "try: os.execv(sys.argv[2],sys.argv[2:])\n"
+    "except OSError as e:\n"
+    " print('werk: cannot execute',sys.argv[2],e,file=sys.stderr); os._exit(127)\n"
+)
+
+
+def free_port() -> int:
+    """A currently free loopback port. The child binds it a moment later; a lost race shows up
+    as a bind failure, which the caller retries with a new port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether ``pid`` has a LISTEN socket on ``port`` (``None``: cannot tell)."""
+    try:
+        conns = psutil.Process(pid).net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return None
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+
+
+# -- private working directories ---------------------------------------------------------------
+
+
+def _private_dir(path: Path, *, exist_ok: bool) -> None:
+    path.mkdir(mode=0o700, parents=exist_ok, exist_ok=exist_ok)
+    os.chmod(path, 0o700)
+
+
+class WorkDir:
+    """A private directory that belongs to one child's lifetime.
+
+    Its ``lock`` file is ``flock``-ed for as long as this object lives, so a directory whose lock
+    nobody holds belongs to a Werk that died (:func:`sweep_stale_workdirs`).
+    """
+
+    def __init__(self, path: Path, lock_fd: int) -> None:
+        self.path = path
+        self._lock_fd: int | None = lock_fd
+
+    @classmethod
+    def create(cls, root: Path, name: str, *, subdirs: Sequence[str] = ()) -> WorkDir:
+        """Create ``root/name`` (0700) with ``subdirs`` (0700) and a held ``lock``, after
+        removing stale siblings that share ``name``'s prefix (up to the first ``_``)."""
+        _private_dir(root, exist_ok=True)
+        prefix = name.split("_", 1)[0] + "_" if "_" in name else name
+        sweep_stale_workdirs(root, prefix=prefix)
+        path = root / name
+        _private_dir(path, exist_ok=False)
+        for sub in subdirs:
+            _private_dir(path / sub, exist_ok=False)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path / "lock", flags, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Delete the directory and release its lock (after the child is reaped). Idempotent."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def sweep_stale_workdirs(root: Path, *, prefix: str = "g_") -> list[str]:
+    """Remove the directories under ``root`` named ``prefix…`` whose ``lock`` nobody holds."""
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for entry in root.iterdir():
+        if not entry.name.startswith(prefix) or entry.is_symlink() or not entry.is_dir():
+            continue
+        try:
+            fd = os.open(entry / "lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if time.time() - entry.stat().st_mtime < 60:
+                continue  # being created right now
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live Werk holds it
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+        finally:
+            os.close(fd)
+    return removed
+
+
+# -- the process ---------------------------------------------------------------------------------
+
+
+class ProcessExited(Exception):
+    """The child exited while the caller waited for it (:func:`wait_until_ready`)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"the process exited with {code}")
+        self.code = code
+
+
+class SupervisedProcess:
+    """One child process in its own process group, with exit detection and a log file."""
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], *, log_path: Path | None = None, name: str = ""
+    ) -> None:
+        self.popen = popen
+        self.log_path = log_path
+        self.name = name or Path(str(popen.args[0] if isinstance(popen.args, list) else "")).name
+        self._pidfd: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._on_exit: list[Callable[[int], None]] = []
+        self._exit_reported = False
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str | Path],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        name: str = "",
+    ) -> SupervisedProcess:
+        """Start ``argv`` (call from the event-loop thread: see the module docstring).
+
+        stdin is ``/dev/null``; stdout and stderr go to ``log_path`` (created 0600, truncated).
+        """
+        program = str(argv[0])
+        if os.sep not in program:
+            found = shutil.which(program, path=(env or os.environ).get("PATH"))
+            program = found or program
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            popen = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-c",
+                    _PDEATHSIG_SHIM,
+                    str(os.getpid()),
+                    program,
+                    *map(str, argv[1:]),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,  # its own process group; Ctrl+C reaches Werk only
+            )
+        finally:
+            os.close(log_fd)
+        return cls(popen, log_path=log_path, name=name or Path(program).name)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        """The exit code once the child has exited (and reap it), else ``None``.
+
+        Before the leader is reaped (while its zombie still holds the process group id, so the
+        id cannot have been reused) the rest of its group is SIGKILLed: no helper outlives it.
+        """
+        if self.popen.returncode is None and self._exited_unreaped():
+            self.signal_group(signal.SIGKILL)
+        code = self.popen.poll()
+        if code is not None:
+            self._report_exit(code)
+        return code
+
+    def _exited_unreaped(self) -> bool:
+        waitid = getattr(os, "waitid", None)
+        if waitid is None:  # not Linux: the group is signalled by terminate/kill_now only
+            return False
+        try:
+            info = waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return info is not None
+
+    def on_exit(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(returncode)`` once when the child exits (at once if it has)."""
+        self._on_exit.append(callback)
+        if self._exit_reported and self.popen.returncode is not None:
+            callback(self.popen.returncode)
+
+    def _report_exit(self, code: int) -> None:
+        if self._exit_reported:
+            return
+        self._exit_reported = True
+        self.unwatch()
+        for callback in self._on_exit:
+            try:
+                callback(code)
+            except Exception:
+                log.exception("exit callback of %s failed", self.name)
+
+    def watch(self) -> bool:
+        """Watch the child's pidfd on the running asyncio loop, so its exit is noticed (and
+        reaped, and reported to :meth:`on_exit` callbacks) at once; ``False`` if unavailable
+        (then :meth:`poll` at each use does the same)."""
+        if self._pidfd is not None:
+            return True
+        pidfd_open = getattr(os, "pidfd_open", None)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if pidfd_open is None:
+            return False
+        try:
+            fd = pidfd_open(self.pid)
+        except OSError:
+            self.poll()
+            return False
+        try:
+            loop.add_reader(fd, self.poll)
+        except (NotImplementedError, OSError):
+            os.close(fd)
+            return False
+        self._pidfd, self._loop, self._loop_thread = fd, loop, threading.get_ident()
+        self.poll()  # it may have exited before the watch began
+        return True
+
+    def unwatch(self) -> None:
+        """Stop watching (thread-safe: capability discovery may poll from a worker thread)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and threading.get_ident() != self._loop_thread:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._unwatch_now)
+                return
+        self._unwatch_now()
+
+    def _unwatch_now(self) -> None:
+        fd, loop = self._pidfd, self._loop
+        self._pidfd = self._loop = None
+        if fd is None:
+            return
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(Exception):
+                loop.remove_reader(fd)
+        os.close(fd)
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the child's process group (its helpers too)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def kill_now(self) -> None:
+        """SIGKILL the process group and reap, synchronously (startup failures, cancellation)."""
+        if self.popen.returncode is None:
+            self.signal_group(signal.SIGKILL)  # leader alive or a zombie: the group id is held
+            self.popen.wait()
+        self.poll()
+
+    async def terminate(self, grace: float = TERM_GRACE_SECONDS) -> int:
+        """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL the group;
+        always reaps. Idempotent."""
+        if self.poll() is None:
+            self.signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            delay = 0.01
+            while self.poll() is None and time.monotonic() < deadline:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            if self.poll() is None:
+                log.warning("%s %s ignored SIGTERM; killing it", self.name, self.pid)
+                self.kill_now()
+        code = self.popen.returncode
+        assert code is not None
+        return code
+
+    def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
+        """The last ``limit`` bytes of the child's log (``""`` without one)."""
+        if self.log_path is None:
+            return ""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - limit))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+async def wait_until_ready(
+    process: SupervisedProcess,
+    ready: Callable[[], Awaitable[bool]],
+    *,
+    timeout: float,
+    what: str = "the process",
+) -> None:
+    """Call ``ready()`` until it returns ``True``, with growing pauses (up to 0.1 s).
+
+    :raises ProcessExited: the child exited first.
+    :raises werk.WerkTimeout: ``timeout`` seconds passed (the child is left running: the
+        caller decides whether to stop it).
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        code = process.poll()
+        if code is not None:
+            raise ProcessExited(code)
+        if await ready():
+            return
+        if time.monotonic() >= deadline:
+            raise WerkTimeout(
+                f"{what} did not become ready within {timeout:.0f}s",
+                capability=CapabilityId.MODEL_RESIDENCY,
+            )
+        await anyio.sleep(delay)
+        delay = min(delay * 1.5, READY_POLL_MAX_SECONDS)
