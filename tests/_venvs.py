@@ -31,6 +31,7 @@ __all__ = [
     "CleanVenv",
     "base_python",
     "build_wheel",
+    "create_venv",
     "shared_clean_venv",
 ]
 
@@ -170,29 +171,33 @@ class CleanVenv:
             script.unlink()
 
 
-def _create(base: Path) -> CleanVenv:
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    wheels = {
-        "werk": build_wheel(REPO_ROOT, base / "dist" / "werk"),
-        "werk-llamacpp": build_wheel(LLAMACPP_DIR, base / "dist" / "werk-llamacpp"),
-    }
-    timings["build wheels"] = time.perf_counter() - started
-
+def create_venv(base: Path, wheels: dict[str, Path]) -> CleanVenv:
+    """A fresh venv under ``base`` with exactly ``wheels`` installed (dependencies resolved by
+    pip, as for a user)."""
     workdir = base / "work"
     workdir.mkdir()
     home = base / "werk-home"
     venv = CleanVenv(root=base / "venv", workdir=workdir, home=home, wheels=wheels)
     started = time.perf_counter()
     _run([base_python(), "-m", "venv", venv.root], cwd=workdir, env=clean_env(), timeout=300)
-    timings["python -m venv"] = time.perf_counter() - started
-
+    venv.timings["python -m venv"] = time.perf_counter() - started
     started = time.perf_counter()
     venv.pip("install", *wheels.values())
-    timings["pip install wheels + deps"] = time.perf_counter() - started
-    venv.timings = timings
+    venv.timings["pip install wheels + deps"] = time.perf_counter() - started
+    return venv
+
+
+def _create(base: Path) -> CleanVenv:
+    started = time.perf_counter()
+    wheels = {
+        "werk": build_wheel(REPO_ROOT, base / "dist" / "werk"),
+        "werk-llamacpp": build_wheel(LLAMACPP_DIR, base / "dist" / "werk-llamacpp"),
+    }
+    built = time.perf_counter() - started
+    venv = create_venv(base, wheels)
+    venv.timings = {"build wheels": built, **venv.timings}
     print(
-        "clean venv setup: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()),
+        "clean venv setup: " + ", ".join(f"{k} {v:.1f}s" for k, v in venv.timings.items()),
         file=sys.stderr,
     )
     return venv

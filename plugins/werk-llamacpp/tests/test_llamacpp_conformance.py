@@ -1,0 +1,106 @@
+"""The conformance kit (``werk.testing``, through its pytest fixture) against the real
+llama-server and the generated demo model: registration, rows, ``/v1`` (streaming, a client
+that leaves mid-stream, a malformed body) and the state round trip that proves the
+``experimental`` rows (prefill → disk → decode, single-use handoff, restore with reuse evidence,
+a truncated snapshot refused)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_llamacpp_process_support import LLAMA_SERVER, demo_model, needs_llama_server
+from werk_llamacpp import inspect as llama_inspect
+
+from werk import ModelSpec
+from werk.testing import ConformanceReport
+
+pytestmark = [pytest.mark.slow, needs_llama_server]
+
+
+def test_llamacpp_passes_the_conformance_kit(
+    werk_conformance: Callable[..., ConformanceReport],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert LLAMA_SERVER is not None
+    monkeypatch.setenv("WERK_LLAMA_SERVER", str(LLAMA_SERVER))
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "werk-home"))
+    monkeypatch.delenv("WERK_LLAMA_ARGS", raising=False)
+    llama_inspect.forget_inspections()
+    gguf = demo_model(tmp_path / "models")
+    spec = ModelSpec(
+        id="demo",
+        backend="llamacpp",
+        identity="sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest(),
+        files=(gguf,),
+    )
+    report = werk_conformance("llamacpp", spec)
+    passed = {c.name for c in report.checks if c.passed}
+    assert {"restore", "restored continuation", "corrupted restore refused"} <= passed
+    assert "claim runtime.state.restore experimental" in passed, report.summary()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_a_stream_the_host_closes_mid_reply_frees_its_slot_within_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the HTTP layer does when a client leaves (tests/server/test_contract_hardening.py
+    proves that part over a real server): ``aclose()`` on the host's stream. llama-server must
+    then stop generating in that slot, and Werk's slot picker must hold nothing."""
+    import anyio
+    from werk_llamacpp.process import ManagedHandle
+
+    from werk.control.service import LocalControlService, ServiceConfig
+    from werk.protocol import AuthMode
+    from werk.state.principals import NamespaceKey
+
+    assert LLAMA_SERVER is not None
+    monkeypatch.setenv("WERK_LLAMA_SERVER", str(LLAMA_SERVER))
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "werk-home"))
+    llama_inspect.forget_inspections()
+    gguf = demo_model(tmp_path / "models")
+    spec = ModelSpec(id="demo", backend="llamacpp", identity="sha256:" + "5" * 64, files=(gguf,))
+    from werk import get_plugin_manager
+
+    service = LocalControlService(
+        get_plugin_manager(),
+        ServiceConfig(
+            home=tmp_path / "werk-home",
+            models=[spec],
+            auth_mode=AuthMode.UNAUTHENTICATED_LOCAL,
+            namespace_key=NamespaceKey.ephemeral(),
+        ),
+    )
+    try:
+        body = {
+            "model": "demo",
+            "messages": [{"role": "user", "content": "count"}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+        reply = await service.openai_request("local", "chat.completions", body)
+        runtime = service.runtimes.live()["demo"]
+        handle = runtime.handle
+        assert isinstance(handle, ManagedHandle) and reply.stream is not None
+        await reply.stream.__anext__()
+        assert handle.picker.in_flight() == 1
+        await reply.stream.aclose()
+        assert handle.picker.in_flight() == 0
+
+        async def processing() -> list[int]:
+            slots = (await handle.http.get("/slots")).json()
+            return [s["id"] for s in slots if s.get("is_processing")]
+
+        with anyio.fail_after(1.0):
+            while await processing():
+                await anyio.sleep(0.05)
+    finally:
+        await service.aclose()
