@@ -32,6 +32,7 @@ serve: demo
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy

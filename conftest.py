@@ -1,5 +1,11 @@
 """Repository-wide pytest rules (every test path: tests/ and plugins/*/tests/).
 
+Every hook call dispatched by a Werk plugin manager during the run is recorded
+(:func:`werk.testing.coverage.record_hook_calls`); ``tests/test_hookspecs_meta.py``'s
+``test_every_hook_is_called_through_the_plugin_manager`` runs last and fails for a hookspec that
+no test called. It only judges a complete run (no paths, ``-k``, ``-m`` or deselection);
+otherwise it skips, saying so.
+
 ``WERK_REQUIRE_LLAMA_SERVER=1`` (set by ``.ci/run``) turns every skip whose reason is a missing
 ``llama-server`` into a failure: CI has the executable built by ``make``, so a test that skips
 for its absence there would hide a broken build instead of testing the real backend.
@@ -7,13 +13,57 @@ for its absence there would hide a broken build instead of testing the real back
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
+from werk.testing.coverage import record_hook_calls
+
 REQUIRE_ENV = "WERK_REQUIRE_LLAMA_SERVER"
+LAST = "test_every_hook_is_called_through_the_plugin_manager"
+HOOK_CALLS: set[str] = set()
+COMPLETE_RUN = pytest.StashKey[bool]()
+
+
+_RECORDING = pytest.StashKey[contextlib.ExitStack]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start recording before collection: test modules may build managers at import time."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(record_hook_calls(HOOK_CALLS))
+    config.stash[_RECORDING] = stack
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    config.stash[_RECORDING].close()
+
+
+@pytest.fixture
+def hook_calls(request: pytest.FixtureRequest) -> set[str]:
+    """The hooks called through a plugin manager so far; skips unless the run is complete."""
+    if not request.config.stash.get(COMPLETE_RUN, False):
+        pytest.skip("hook coverage is judged only on a complete run (pytest without selection)")
+    return HOOK_CALLS
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    last = [item for item in items if item.name == LAST]
+    items[:] = [item for item in items if item.name != LAST] + last
+    option = config.option
+    config.stash[COMPLETE_RUN] = (
+        not config.args or [str(a) for a in config.args] == list(config.getini("testpaths"))
+    ) and not (option.keyword or option.markexpr or option.deselect or getattr(option, "lf", False))
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        items[0].config.stash[COMPLETE_RUN] = False
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,19 +1,22 @@
 """Meta-tests: every hook of the backend contract is documented, tested and fully described.
 
 Adding a hookspec without a ``### werk_<name>`` section in docs/plugins.md, without a test that
-names it, or without ``:param:``/``:returns:`` lines fails here.
+*calls it through a plugin manager*, or without ``:param:``/``:returns:`` lines fails here.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import sys
 from pathlib import Path
-from types import FunctionType
+from types import FunctionType, ModuleType
 
 import pytest
 
-from werk import hookspecs
+import werk
+from werk import hookimpl, hookspecs
+from werk.testing.coverage import hookspec_names, record_hook_calls, unexercised
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -49,16 +52,41 @@ def test_hook_is_documented(name: str) -> None:
     assert name in headings, f"docs/plugins.md has no '### {name}' section"
 
 
-def _test_sources() -> dict[Path, str]:
-    this = Path(__file__).resolve()
-    return {p: p.read_text() for p in sorted(TESTS.rglob("test_*.py")) if p.resolve() != this}
+def test_every_hook_is_called_through_the_plugin_manager(hook_calls: set[str]) -> None:
+    """Runs last on a complete run (conftest.py): every hookspec was dispatched to at least one
+    implementation by some test."""
+    assert unexercised(hookspec_names(), hook_calls) == []
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_hook_is_exercised_by_a_test(name: str) -> None:
-    pattern = re.compile(rf"\b{re.escape(name)}\b")
-    users = [p.name for p, text in _test_sources().items() if pattern.search(text)]
-    assert users, f"no test file under tests/ mentions {name}"
+def test_hook_coverage_fails_for_a_hookspec_no_test_calls() -> None:
+    """The coverage check can fail: a fake hookspec that nothing calls is reported."""
+    fake = ModuleType("fake_hookspecs")
+
+    @hookspecs.hookspec
+    def werk_fake_never_called(runtime: object) -> None:
+        """Nobody calls this."""
+
+    werk_fake_never_called.__module__ = fake.__name__
+    fake.werk_fake_never_called = werk_fake_never_called  # type: ignore[attr-defined]
+    sys.modules[fake.__name__] = fake
+    try:
+        assert hookspec_names(fake) == ["werk_fake_never_called"]
+        called: set[str] = set()
+        with record_hook_calls(called):
+            pm = werk.get_plugin_manager(load_entrypoints=False)
+            pm.add_hookspecs(fake)
+            pm.register(_FakeImpl(), name="fake")
+            assert unexercised(hookspec_names(fake), called) == ["werk_fake_never_called"]
+            pm.hook.werk_fake_never_called(runtime=None)
+        assert unexercised(hookspec_names(fake), called) == []
+    finally:
+        del sys.modules[fake.__name__]
+
+
+class _FakeImpl:
+    @hookimpl
+    def werk_fake_never_called(self, runtime: object) -> None:
+        return None
 
 
 @pytest.mark.parametrize("name", NAMES)

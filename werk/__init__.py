@@ -3,6 +3,7 @@
 Plugins import only the names exported here.
 """
 
+from ._fs import create_private_file, fsync_dir, fsync_file, replace_private_file, write_all
 from ._version import PROTOCOL_VERSION, __version__
 from .backends import (
     OPERATION_CAPABILITY,
@@ -16,6 +17,9 @@ from .backends import (
     ExpertObservation,
     ExpertReport,
     ModelSpec,
+    NativeChatCache,
+    NativeContext,
+    NativeDir,
     OpenAICall,
     OpenAIReply,
     Operation,
@@ -23,9 +27,9 @@ from .backends import (
     PrefillOutcome,
     Runtime,
     StateKind,
+    TurnOutcome,
 )
 from .cache.entry import CacheEntry
-from .chat.native import NativeChatCache, NativeContext, TurnOutcome
 from .config import werk_home
 from .hookspecs import hookimpl, hookspec
 from .models import ModelManifest, ModelRegistry
@@ -99,6 +103,7 @@ __all__ = [
     "ModelSpec",
     "NativeChatCache",
     "NativeContext",
+    "NativeDir",
     "NotFound",
     "OpenAICall",
     "OpenAIReply",
@@ -124,12 +129,17 @@ __all__ = [
     "WerkTimeout",
     "WorkDir",
     "__version__",
+    "create_private_file",
     "free_port",
+    "fsync_dir",
+    "fsync_file",
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
     "listens_on",
+    "replace_private_file",
     "sweep_stale_workdirs",
     "wait_until_ready",
     "werk_home",
+    "write_all",
 ]

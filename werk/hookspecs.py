@@ -38,6 +38,8 @@ from .backends import (
     ExpertMove,
     ExpertMoveOutcome,
     ExpertReport,
+    NativeChatCache,
+    NativeContext,
     OpenAICall,
     OpenAIReply,
     PrefillCall,
@@ -49,8 +51,6 @@ from .protocol.capabilities import CapabilityReport
 
 if TYPE_CHECKING:
     import typer
-
-    from .chat.native import NativeChatCache, NativeContext
 
 PROJECT_NAME = "werk"
 
@@ -326,13 +326,13 @@ def werk_chat_native_cache(
     arguments, receipt schema) and file integrity before any restore; only a positive,
     consistent backend-reported cached-token count on the first request after a restore is
     evidence of restored reuse; a restore failure must clear what it loaded and let the
-    conversation go on from the archive. Keep every file in ``context.archive.native_dir()``
+    conversation go on from the archive. Keep every file in ``context.native_dir(create)``
     (owner-only, no-follow); ``werk cache`` lists and purges that directory.
 
     :param runtime: the owning plugin's live runtime (started by this process).
-    :param context: a :class:`werk.NativeContext`: the plugin manager, the same runtime, the
-        locked :class:`~werk.chat.archive.ChatArchive` of the session, and ``phase`` for ``-v``
-        diagnostics (runtime inspection, native readiness, preparation, restore...).
+    :param context: a :class:`werk.NativeContext`: the same runtime, ``native_dir`` (the
+        session's private directory for your files) and ``phase`` for ``-v`` diagnostics
+        (runtime inspection, native readiness, preparation, restore...).
     :returns: a :class:`werk.NativeChatCache`, or ``None`` when native snapshots do not apply to
         this runtime (the session is then "conversation archive only"). Raising is reported as
         a ``-v`` phase and treated like ``None``; the chat goes on.

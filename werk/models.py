@@ -19,9 +19,9 @@ from typing import Any
 
 import msgspec
 
+from ._fs import replace_private_file
 from .backends import ModelSpec
 from .protocol import InvalidRequest, NotFound
-from .state._fs import replace_private_file
 
 __all__ = ["ModelFile", "ModelManifest", "ModelRegistry", "validate_model_id"]
 

@@ -240,6 +240,17 @@ class WerkPluginManager(pluggy.PluginManager):
         record = self.owner_of(backend)
         return hook_name in record.hooks
 
+    def implementers(self, hook_name: str) -> list[tuple[str, object]]:
+        """``(plugin name, plugin)`` of every loaded plugin implementing ``hook_name``."""
+        caller: pluggy.HookCaller = getattr(self.hook, hook_name)
+        return [(self.get_name(i.plugin) or "?", i.plugin) for i in caller.get_hookimpls()]
+
+    def call_plugin(self, plugin: object, hook_name: str, **kwargs: Any) -> Any:
+        """Call ``hook_name`` on ``plugin`` alone, through pluggy (argument matching, tracing
+        and call monitors apply). Returns what pluggy returns: the list of non-``None`` results,
+        or the first one for a ``firstresult`` hook. Exceptions propagate unchanged."""
+        return self._only(plugin, hook_name)(**kwargs)
+
     # -- owner-only dispatch ---------------------------------------------------------------
 
     def capabilities(self, context: CapabilityContext) -> list[CapabilityReport]:

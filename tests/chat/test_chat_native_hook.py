@@ -92,7 +92,11 @@ def _context(pm: werk.WerkPluginManager, backend: str, archive: ChatArchive) -> 
     model = ModelSpec(id="demo", backend=backend, identity="sha256:" + "0" * 64)
     runtime = Runtime(backend=backend, model=model, generation="g_1")
     phases: list[str] = []
-    return NativeContext(pm=pm, runtime=runtime, archive=archive, phase=phases.append)
+    return NativeContext(
+        runtime=runtime,
+        native_dir=lambda create: archive.native_dir(create=create),
+        phase=phases.append,
+    )
 
 
 def _phases(context: NativeContext) -> list[str]:
@@ -113,7 +117,7 @@ async def test_only_the_owning_plugin_is_asked(make_pm: MakePM, archive: ChatArc
     pm = make_pm(("werk-other", other), ("werk-toy", owner))
     context = _context(pm, "toy", archive)
 
-    cache = await plugin_native_cache(context)
+    cache = await plugin_native_cache(pm, context)
 
     assert cache is mine
     assert isinstance(cache, NativeChatCache)
@@ -125,7 +129,7 @@ async def test_only_the_owning_plugin_is_asked(make_pm: MakePM, archive: ChatArc
 async def test_an_async_implementation_is_awaited(make_pm: MakePM, archive: ChatArchive) -> None:
     mine = Cache("async")
     pm = make_pm(("werk-toy", AsyncProvider("toy", lambda runtime, context: mine)))
-    assert await plugin_native_cache(_context(pm, "toy", archive)) is mine
+    assert await plugin_native_cache(pm, _context(pm, "toy", archive)) is mine
 
 
 async def test_no_hook_or_declining_means_archive_only(
@@ -134,15 +138,15 @@ async def test_no_hook_or_declining_means_archive_only(
     declining = Provider("toy", lambda runtime, context: None)
     pm = make_pm(("werk-bare", WithoutHook()), ("werk-toy", declining))
     bare = _context(pm, "bare", archive)
-    assert await plugin_native_cache(bare) is None
+    assert await plugin_native_cache(pm, bare) is None
     assert declining.calls == []  # the hook of a plugin that does not own "bare" is not called
 
     toy = _context(pm, "toy", archive)
-    assert await plugin_native_cache(toy) is None
+    assert await plugin_native_cache(pm, toy) is None
     assert len(declining.calls) == 1
     assert _phases(bare) == _phases(toy) == []
 
-    assert await plugin_native_cache(_context(pm, "nobody", archive)) is None
+    assert await plugin_native_cache(pm, _context(pm, "nobody", archive)) is None
 
 
 async def test_a_failing_provider_never_fails_the_chat(
@@ -156,19 +160,19 @@ async def test_a_failing_provider_never_fails_the_chat(
 
     pm = make_pm(("werk-toy", Provider("toy", crash)), ("werk-werr", Provider("werr", refuse)))
     crashed = _context(pm, "toy", archive)
-    assert await plugin_native_cache(crashed) is None
+    assert await plugin_native_cache(pm, crashed) is None
     assert _phases(crashed) == [
         "native KV snapshots: off (the werk-toy provider failed: RuntimeError)"
     ]
     assert "werk_chat_native_cache raised in werk-toy" in caplog.text
 
     refused = _context(pm, "werr", archive)
-    assert await plugin_native_cache(refused) is None
+    assert await plugin_native_cache(pm, refused) is None
     assert _phases(refused) == ["native KV snapshots: unavailable (the slot directory is unsafe)"]
 
 
 async def test_a_malformed_provider_is_refused(make_pm: MakePM, archive: ChatArchive) -> None:
     pm = make_pm(("werk-toy", Provider("toy", lambda runtime, context: object())))
     context = _context(pm, "toy", archive)
-    assert await plugin_native_cache(context) is None
+    assert await plugin_native_cache(pm, context) is None
     assert _phases(context) == ["native KV snapshots: off (the werk-toy provider is malformed)"]

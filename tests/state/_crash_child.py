@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # running as a script from any directory
     sys.path.insert(0, str(ROOT))
 
+from werk import _fs  # noqa: E402
 from werk.protocol.errors import NotFound  # noqa: E402
 from werk.protocol.states import PruneFilter, PruneRequest, Tier  # noqa: E402
-from werk.state import _fs  # noqa: E402
 from werk.state.catalog import StateCatalog, StoredState  # noqa: E402
 from werk.state.envelope import Envelope  # noqa: E402
 

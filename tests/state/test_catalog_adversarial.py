@@ -22,9 +22,9 @@ from _crash_child import (
     tree_digest,
 )
 
+from werk import _fs
 from werk.protocol.errors import ErrorCode, NotFound, PayloadTooLarge
 from werk.protocol.states import PruneFilter, PruneRequest, Tier
-from werk.state import _fs
 from werk.state.catalog import StateCatalog, StorageError, StoredState
 
 

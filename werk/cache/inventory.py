@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import _fs
+from .._fs import Rejected
 from ..plugins import WerkPluginManager
 from ..protocol import NotFound, WerkError, rfc3339
-from ..state import _fs
-from ..state._fs import Rejected
 from ..state.catalog import StateCatalog
 from ..state.layout import STORE_DIRS, open_store_root
 from ..state.metadata import principal_from_dir_name
@@ -295,11 +295,10 @@ def _relative(home: Path, path: Path | None) -> str:
 
 def worker_items(home: Path, pm: WerkPluginManager, warn: Callable[[str], None]) -> list[CacheItem]:
     items: list[CacheItem] = []
-    for impl in pm.hook.werk_cache_inventory.get_hookimpls():
-        plugin = pm.get_name(impl.plugin) or "?"
+    for plugin, implementer in pm.implementers("werk_cache_inventory"):
         try:
-            kwargs = {k: v for k, v in {"home": home}.items() if k in impl.argnames}
-            result: Any = impl.function(**kwargs)
+            results: list[Any] = pm.call_plugin(implementer, "werk_cache_inventory", home=home)
+            result: Any = results[0] if results else None
             if result is not None and not isinstance(result, list | tuple):
                 raise TypeError(f"returned {type(result).__name__}, not a list of entries")
             entries: list[object] = list(result or ())

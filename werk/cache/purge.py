@@ -161,26 +161,19 @@ def _remove_chat(home: Path, item: CacheItem) -> bool:
 
 def _remove_worker(home: Path, pm: WerkPluginManager, item: CacheItem) -> bool:
     plugin, entry_id = item.target
-    impls = [
-        impl
-        for impl in pm.hook.werk_cache_purge.get_hookimpls()
-        if pm.get_name(impl.plugin) == plugin
-    ]
-    if not impls:
+    owners = [obj for name, obj in pm.implementers("werk_cache_purge") if name == plugin]
+    if not owners:
         raise Unsupported(f"plugin {plugin} cannot purge its caches (no werk_cache_purge)")
-    arguments: dict[str, Any] = {"home": home, "entry_id": entry_id}
-    for impl in impls:
-        kwargs = {k: v for k, v in arguments.items() if k in impl.argnames}
-        try:
-            result = impl.function(**kwargs)
-        except WerkError:
-            raise
-        except Exception as exc:
-            raise BackendError(
-                f"plugin {plugin} failed to purge {entry_id!r} ({type(exc).__name__})"
-            ) from None
-        if result is not None:
-            return bool(result)
+    try:
+        result: Any = pm.call_plugin(owners[0], "werk_cache_purge", home=home, entry_id=entry_id)
+    except WerkError:
+        raise
+    except Exception as exc:
+        raise BackendError(
+            f"plugin {plugin} failed to purge {entry_id!r} ({type(exc).__name__})"
+        ) from None
+    if result is not None:
+        return bool(result)
     raise Unsupported(f"plugin {plugin} declined to purge {entry_id!r}")
 
 

@@ -43,9 +43,9 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .. import _fs
+from .._fs import Rejected
 from ..protocol import Conflict, InternalError, InvalidRequest, NotFound, PayloadTooLarge
-from ..state import _fs
-from ..state._fs import Rejected
 
 __all__ = [
     "LOCK",

@@ -164,11 +164,15 @@ class LocalEngine:
         if archive is None:
             self._phase("native KV snapshots: off (no --persistence)")
             return None
-        context = NativeContext(pm=pm, runtime=runtime, archive=archive, phase=self._phase)
+        context = NativeContext(
+            runtime=runtime,
+            native_dir=lambda create: archive.native_dir(create=create),
+            phase=self._phase,
+        )
         for factory in self._providers:
 
             async def make(factory: NativeCacheFactory = factory) -> NativeChatCache | None:
-                return await factory(context)
+                return await factory(pm, context)
 
             native = self._call(make)
             if native is not None:

@@ -15,8 +15,8 @@ The local engine (:class:`werk.chat.local.LocalEngine`) then calls it around eve
    reuse; an incomplete or failed one must not.
 3. :meth:`NativeChatCache.close` once, before the runtime is stopped.
 
-A provider keeps its files under the session's ``native/`` directory
-(:meth:`werk.chat.archive.ChatArchive.native_dir`), which ``werk cache`` lists as
+A provider keeps its files under the session's ``native/`` directory (``NativeContext.native_dir``,
+i.e. :meth:`werk.chat.archive.ChatArchive.native_dir`), which ``werk cache`` lists as
 ``chat:<name>/native`` and purges without touching the message archive. Without
 ``--persistence`` there is no archive, and providers are not consulted.
 
@@ -30,16 +30,11 @@ a failing provider is reported and never fails the chat.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
 
-from ..backends import Runtime
+from ..backends import NativeChatCache, NativeContext, TurnOutcome
 from ..plugins import WerkPluginManager, await_me_maybe
 from ..protocol import Unsupported, WerkError
-
-if TYPE_CHECKING:  # the archive module is only needed for annotations (kept out of `import werk`)
-    from .archive import ChatArchive
 
 __all__ = [
     "NATIVE_CACHE_HOOK",
@@ -57,70 +52,15 @@ NATIVE_CACHE_HOOK = "werk_chat_native_cache"
 """The hook :func:`plugin_native_cache` calls on the backend's owning plugin."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class NativeContext:
-    """What a provider is given when the local runtime is up.
-
-    :ivar pm: the plugin manager (for owner-only ``call_operation``).
-    :ivar runtime: the live local runtime (its ``backend`` says whether the provider applies).
-    :ivar archive: the locked session (its ``native_dir`` is the provider's private place).
-    :ivar phase: prints a ``-v`` phase line (runtime inspection, native readiness,
-        preparation, restore, ...).
-    """
-
-    pm: WerkPluginManager
-    runtime: Runtime
-    archive: ChatArchive
-    phase: Callable[[str], None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class TurnOutcome:
-    """How one turn ended.
-
-    :ivar complete: a finish reason arrived and the stream ended cleanly (not cancelled, no
-        error). Only then may a snapshot be published or reuse be recorded.
-    :ivar finish_reason: the backend's finish reason, if any.
-    :ivar usage: the backend's ``usage`` object, if it sent one (cached-token counts live in
-        ``usage["prompt_tokens_details"]["cached_tokens"]``).
-    :ivar messages: the messages that were sent (system first, the new user message last).
-    :ivar reply: the reply text received (partial when not complete).
-    """
-
-    complete: bool
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    messages: Sequence[dict[str, Any]] = field(default_factory=tuple)
-    reply: str = ""
-
-
-@runtime_checkable
-class NativeChatCache(Protocol):
-    """A backend-native KV snapshot provider for one local chat session.
-
-    None of its methods may fail the turn for a cache problem: a snapshot that cannot be
-    restored or saved is reported through ``NativeContext.phase`` and the conversation goes on
-    from the archive. Cancellation (Ctrl+C) must propagate.
-    """
-
-    async def before_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Prepare (and, on the first request, lazily restore); return the body to send."""
-        ...
-
-    async def after_response(self, outcome: TurnOutcome) -> None:
-        """Save after a complete turn; invalidate or do nothing otherwise."""
-        ...
-
-    async def close(self) -> None:
-        """Release what the provider holds; called once before the runtime stops."""
-        ...
-
-
-NativeCacheFactory = Callable[[NativeContext], Awaitable[NativeChatCache | None]]
+NativeCacheFactory = Callable[
+    [WerkPluginManager, NativeContext], Awaitable[NativeChatCache | None]
+]
 """Returns a provider for this runtime, or ``None`` when it does not apply (another backend)."""
 
 
-async def plugin_native_cache(context: NativeContext) -> NativeChatCache | None:
+async def plugin_native_cache(
+    pm: WerkPluginManager, context: NativeContext
+) -> NativeChatCache | None:
     """Ask the plugin that owns ``context.runtime``'s backend for a provider.
 
     Calls :func:`werk.hookspecs.werk_chat_native_cache` on that plugin only (never on another
@@ -129,17 +69,17 @@ async def plugin_native_cache(context: NativeContext) -> NativeChatCache | None:
     :class:`NativeChatCache`, is reported as a ``-v`` phase (and a warning in the log) and gives
     ``None``: native snapshots are opportunistic, the chat itself must not fail for them.
     """
-    pm, runtime = context.pm, context.runtime
+    runtime = context.runtime
     try:
         record = pm.owner_of(runtime.backend)
     except Unsupported:
         return None
     if record.plugin is None or NATIVE_CACHE_HOOK not in record.hooks:
         return None
-    others = [p for p in pm.get_plugins() if p is not record.plugin]
-    caller = pm.subset_hook_caller(NATIVE_CACHE_HOOK, remove_plugins=others)
     try:
-        result = await await_me_maybe(caller(runtime=runtime, context=context))
+        result = await await_me_maybe(
+            pm.call_plugin(record.plugin, NATIVE_CACHE_HOOK, runtime=runtime, context=context)
+        )
     except WerkError as exc:
         context.phase(f"native KV snapshots: unavailable ({exc.message})")
         return None

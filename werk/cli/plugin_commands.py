@@ -15,9 +15,8 @@ def register_plugin_commands() -> None:
     """Call every loaded plugin's ``werk_register_commands``; a raising plugin is reported on
     stderr and skipped."""
     pm = get_plugin_manager()
-    for impl in pm.hook.werk_register_commands.get_hookimpls():
+    for name, plugin in pm.implementers("werk_register_commands"):
         try:
-            impl.function(app=app, models=models_app)
+            pm.call_plugin(plugin, "werk_register_commands", app=app, models=models_app)
         except Exception as exc:
-            name = pm.get_name(impl.plugin) or "?"
             typer.echo(f"warning: plugin {name} failed to add commands: {exc}", err=True)

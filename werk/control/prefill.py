@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -60,10 +60,8 @@ from ..state.policy import (
     resolve_retention,
 )
 from ..state.principals import prompt_fingerprint
+from .context import ServiceContext
 from .gates import gate
-
-if TYPE_CHECKING:
-    from .service import LocalControlService
 
 __all__ = ["PrefillFlow"]
 
@@ -86,7 +84,7 @@ class _Live:
 
 
 class PrefillFlow:
-    def __init__(self, service: LocalControlService) -> None:
+    def __init__(self, service: ServiceContext) -> None:
         self.s = service
 
     # -- prefill -----------------------------------------------------------------------------

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import anyio
@@ -35,7 +33,6 @@ from ..memory.manager import MemoryManager
 from ..models import ModelManifest
 from ..plugins import WerkPluginManager
 from ..protocol import (
-    AuthMode,
     BackendError,
     CapabilitiesResponse,
     CapabilityId,
@@ -53,7 +50,6 @@ from ..protocol import (
     ModelList,
     ModelRef,
     NotFound,
-    PersistenceDefaults,
     PinRequest,
     PinResult,
     PrefillRequest,
@@ -74,7 +70,7 @@ from ..protocol import (
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
-from ..state.principals import NamespaceKey
+from .context import ServiceConfig
 from .gates import gate
 from .interface import StateQuery, WerkControl
 from .prefill import PrefillFlow
@@ -85,17 +81,6 @@ from .volatile import VolatileStates
 __all__ = ["LocalControlService", "ServiceConfig"]
 
 log = logging.getLogger("werk.control")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServiceConfig:
-    """What ``werk serve`` decided at startup."""
-
-    home: Path
-    models: Sequence[ModelManifest | ModelSpec]
-    auth_mode: AuthMode
-    namespace_key: NamespaceKey
-    persistence_defaults: PersistenceDefaults | None = None
 
 
 class LocalControlService(WerkControl):

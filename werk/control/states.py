@@ -6,8 +6,6 @@ reusable only when a live runtime's complete envelope (for this principal) equal
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import anyio
 import msgspec
 
@@ -29,11 +27,9 @@ from ..protocol import (
 )
 from ..state.catalog import StoredState
 from ..state.envelope import Envelope
+from .context import ServiceContext
 from .interface import StateQuery
 from .volatile import VolatileState
-
-if TYPE_CHECKING:
-    from .service import LocalControlService
 
 __all__ = ["StateViews"]
 
@@ -46,7 +42,7 @@ _TIER_CAPABILITY = {
 
 
 class StateViews:
-    def __init__(self, service: LocalControlService) -> None:
+    def __init__(self, service: ServiceContext) -> None:
         self.s = service
 
     def _reusable(self, envelope: Envelope, model: str, principal: str) -> bool:
@@ -157,7 +153,7 @@ class StateViews:
 class SkipReasonLookup:
     """``busy(state_id)`` for prune: a live or in-use handoff keeps a state."""
 
-    def __init__(self, service: LocalControlService, principal: str) -> None:
+    def __init__(self, service: ServiceContext, principal: str) -> None:
         self._live = service.handoffs.live_state_ids(principal)
 
     def __call__(self, state_id: str) -> SkipReason | None:

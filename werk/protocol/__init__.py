@@ -5,7 +5,7 @@ unknown fields and out-of-range values; response Structs tolerate unknown fields
 """
 
 from .._version import PROTOCOL_VERSION
-from .base import Request, Response, decode, encode, rfc3339, to_builtins
+from .base import Request, Response, rfc3339
 from .capabilities import (
     CORE_CAPABILITY_IDS,
     CapabilitiesResponse,
@@ -14,6 +14,7 @@ from .capabilities import (
     CapabilityStatus,
     validate_capability_id,
 )
+from .codec import decode, encode, to_builtins
 from .errors import (
     HTTP_STATUS,
     BackendError,

@@ -1,4 +1,4 @@
-"""Shared Struct bases and the one JSON encoder/decoder pair every wire shape goes through.
+"""Shared Struct bases and the protocol's timestamp form (the JSON codec is :mod:`.codec`).
 
 * :class:`Request` rejects unknown fields: a typo must never silently weaken a policy.
 * :class:`Response` tolerates unknown fields, so older clients keep decoding newer servers.
@@ -10,11 +10,10 @@ field's type never changes.
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, TypeVar
 
 import msgspec
 
-__all__ = ["Request", "Response", "decode", "encode", "rfc3339", "to_builtins"]
+__all__ = ["Request", "Response", "rfc3339"]
 
 
 class Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -23,38 +22,6 @@ class Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 class Response(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=False):
     """Base of every server → client body. Unknown fields are ignored when decoding."""
-
-
-_T = TypeVar("_T")
-
-_encoder = msgspec.json.Encoder()
-
-
-def encode(value: Any) -> bytes:
-    """Encode any Struct (or builtin) to compact JSON bytes."""
-    return _encoder.encode(value)
-
-
-def decode(data: bytes | str, type: type[_T]) -> _T:
-    """Decode JSON into ``type``, raising :class:`werk.InvalidRequest` on any error.
-
-    The message names the offending path (``$.policy.ttl_seconds``) but never echoes the body.
-    """
-    from .errors import InvalidRequest
-
-    try:
-        return msgspec.json.decode(data, type=type)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"malformed JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidRequest("malformed JSON: nesting is too deep") from None
-
-
-def to_builtins(value: Any) -> Any:
-    """Convert a Struct to plain dicts/lists (for tables and tests)."""
-    return msgspec.to_builtins(value)
 
 
 def rfc3339(epoch_seconds: float) -> str:

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .. import _fs
 from ..protocol.errors import InvalidRequest, PayloadTooLarge
-from . import _fs
 from .layout import CHUNK
 
 __all__ = ["Payload", "write_payload"]

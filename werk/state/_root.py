@@ -15,9 +15,9 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from .. import _fs
+from .._fs import Rejected, fsync_dir, open_dir
 from ..protocol.errors import InternalError
-from . import _fs
-from ._fs import Rejected, fsync_dir, open_dir
 from .layout import LOCK_NAME, STORE_DIRS
 
 __all__ = [

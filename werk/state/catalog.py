@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .. import _fs
+from .._fs import Rejected, check_private_dir, fsync_dir, open_dir
 from ..protocol.errors import NotFound
 from ..protocol.states import PruneRequest, PruneResult, Tier
-from . import _fs
-from ._fs import Rejected, check_private_dir, fsync_dir, open_dir
 from ._payload import Payload, write_payload
 from ._root import (
     StorageError,

@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from ._fs import (
+from .._fs import (
     TMP_PREFIX,
     Rejected,
     check_private_dir,

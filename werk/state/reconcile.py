@@ -26,8 +26,8 @@ import re
 import secrets
 import stat
 
-from . import _fs
-from ._fs import TMP_PREFIX, Rejected, check_private_dir, fsync_dir, lstat_at, open_dir
+from .. import _fs
+from .._fs import TMP_PREFIX, Rejected, check_private_dir, fsync_dir, lstat_at, open_dir
 from .layout import (
     LOCK_NAME,
     QUARANTINE_NAME,

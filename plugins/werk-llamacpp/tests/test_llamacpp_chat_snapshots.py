@@ -63,7 +63,6 @@ from werk import (
     OpenAICall,
     Runtime,
     TurnOutcome,
-    get_plugin_manager,
 )
 from werk.chat.archive import ChatArchive, SessionStore
 
@@ -346,9 +345,8 @@ async def _cache(
     model = ModelSpec(id="demo", backend="llamacpp", identity=NAMESPACE.model_identity)
     runtime = Runtime(backend="llamacpp", model=model, generation="g_test", handle=handle)
     context = NativeContext(
-        pm=get_plugin_manager(load_entrypoints=False, environ={}),
         runtime=runtime,
-        archive=archive,
+        native_dir=lambda create: archive.native_dir(create=create),
         phase=phases.append,
     )
     slot, epoch = allocator_for(handle).acquire()

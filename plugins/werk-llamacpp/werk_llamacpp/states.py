@@ -66,6 +66,7 @@ from werk import (
     StateKind,
     Unavailable,
     WerkError,
+    write_all,
 )
 
 from .handle import LlamaHandle, ProbeStatus
@@ -269,7 +270,7 @@ def _seal(path: Path, meta: PayloadMeta) -> None:
         os.fchmod(fd, 0o600)
         encoded = msgspec.json.encode(meta)
         os.lseek(fd, 0, os.SEEK_END)
-        _write_all(fd, encoded + _TAIL.pack(len(encoded), _MAGIC))
+        write_all(fd, encoded + _TAIL.pack(len(encoded), _MAGIC))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -278,12 +279,6 @@ def _seal(path: Path, meta: PayloadMeta) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 # -- restore -----------------------------------------------------------------------------------
@@ -344,7 +339,7 @@ def _adopt(payload: BackendState, dest: Path) -> PayloadMeta:
         assert payload.data is not None
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            _write_all(fd, payload.data)
+            write_all(fd, payload.data)
         finally:
             os.close(fd)
     else:

@@ -92,7 +92,7 @@ class LlamaChatCache:
     ) -> None:
         self.runtime = runtime
         self.handle = handle
-        self.archive = context.archive
+        self.native_dir = context.native_dir
         self.phase: Callable[[str], None] = context.phase
         self.namespace = namespace
         self.slot = slot
@@ -110,7 +110,7 @@ class LlamaChatCache:
     def load(self) -> None:
         """Open ``native/`` if it exists (never creating it), drop leftovers of an interrupted
         save, read the index and judge the receipt. Reads files only; no request is sent."""
-        path = self.archive.native_dir(create=False)
+        path = self.native_dir(False)
         if path is not None:
             self._native = open_private_dir(path)
             self.index, why = read_index(self._native)
@@ -335,7 +335,7 @@ class LlamaChatCache:
             if ack.n_written > MAX_SNAPSHOT_BYTES or ack.n_saved > MAX_TOKENS:
                 raise BackendError("the slot snapshot exceeds Werk's bounds")
             if self._native is None:
-                path = self.archive.native_dir(create=True)
+                path = self.native_dir(True)
                 assert path is not None
                 self._native = open_private_dir(path)
             index = await anyio.to_thread.run_sync(

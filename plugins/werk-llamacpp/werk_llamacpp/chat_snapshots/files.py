@@ -22,7 +22,7 @@ import stat
 from pathlib import Path
 from typing import Final
 
-from werk import WerkError
+from werk import WerkError, write_all
 
 __all__ = [
     "COPY_CHUNK",
@@ -38,7 +38,6 @@ __all__ = [
     "remove_durably",
     "replace_atomically",
     "unlink",
-    "write_all",
 ]
 
 TMP_PREFIX: Final = ".tmp-"
@@ -129,13 +128,6 @@ def create(dir_fd: int, name: str) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """Write every byte of ``data`` (``os.write`` may write less than asked)."""
-    view = memoryview(data).cast("B")
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def unlink(dir_fd: int, name: str) -> bool:

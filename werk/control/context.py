@@ -1,0 +1,62 @@
+"""What the service's helpers (:mod:`.prefill`, :mod:`.states`) need from it.
+
+:class:`ServiceContext` is the narrow interface the helpers are given, so they depend on it and
+not on :class:`~werk.control.service.LocalControlService` (which builds them): no import cycle.
+:class:`ServiceConfig` is what ``werk serve`` decided at startup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ..backends import ModelSpec, Runtime
+from ..models import ModelManifest
+from ..plugins import WerkPluginManager
+from ..protocol import AuthMode, CapabilityReport, PersistenceDefaults
+from ..state.catalog import StateCatalog
+from ..state.envelope import Envelope
+from ..state.handoffs import HandoffRegistry
+from ..state.principals import NamespaceKey
+from .runtimes import RuntimeManager
+from .volatile import VolatileStates
+
+__all__ = ["ServiceConfig", "ServiceContext"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """What ``werk serve`` decided at startup (models as manifests, or specs when embedded)."""
+
+    home: Path
+    models: Sequence[ModelManifest | ModelSpec]
+    auth_mode: AuthMode
+    namespace_key: NamespaceKey
+    persistence_defaults: PersistenceDefaults | None = None
+
+
+
+class ServiceContext(Protocol):
+    """The collaborators and helpers of the local control service."""
+
+    pm: WerkPluginManager
+    config: ServiceConfig
+    clock: Callable[[], float]
+    runtimes: RuntimeManager
+    catalog: StateCatalog
+    volatile: VolatileStates
+    handoffs: HandoffRegistry
+
+    def spec(self, model: str) -> ModelSpec: ...
+
+    async def rows_for(
+        self, spec: ModelSpec, runtime: Runtime | None
+    ) -> list[CapabilityReport]: ...
+
+    def envelope_for(self, runtime: Runtime, principal: str) -> Envelope: ...
+
+    def live_envelope(self, model: str, principal: str) -> Envelope | None: ...
+
+    def forget_dead_generations(self) -> None: ...
