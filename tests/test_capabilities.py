@@ -396,7 +396,12 @@ def test_two_discrete_devices() -> None:
         AcceleratorMemory(index=0, name="NVIDIA H200", total_bytes=141 << 30, used_bytes=2 << 30),
         AcceleratorMemory(index=1, name="NVIDIA L4", total_bytes=24 << 30, used_bytes=0),
     ]
-    assert (nvml.inits, nvml.shutdowns) == (1, 1)
+    # NVML is initialised once per process, not per sample, and stays up between samples.
+    assert (nvml.inits, nvml.shutdowns) == (1, 0)
+    assert sample_accelerators(nvml).devices == sample.devices
+    assert (nvml.inits, nvml.shutdowns) == (1, 0)
+    telemetry.shutdown_nvml()  # what runs at exit
+    assert nvml.shutdowns == 1
 
 
 def test_nvml_init_failure_is_a_reason_not_an_exception() -> None:
@@ -413,21 +418,25 @@ def test_zero_devices_is_an_empty_list() -> None:
     sample = sample_accelerators(nvml)
     assert sample.devices == []
     assert sample.reason == "NVML reports no devices"
-    assert nvml.shutdowns == 1
+    assert nvml.shutdowns == 0  # initialised once, kept for the next sample
 
 
-def test_failure_mid_sample_still_shuts_down() -> None:
+def test_failure_mid_sample_shuts_down_and_the_next_sample_starts_afresh() -> None:
     nvml = FakeNVML([(b"A", 1, 0), (b"B", 1, 0)], memory_error_at=1)
     sample = sample_accelerators(nvml)
     assert sample.devices is None  # never a partial list that looks like "one device"
     assert sample.reason == "NVML sampling failed: GPU is lost"
     assert nvml.shutdowns == 1
+    nvml.memory_error_at = None
+    assert sample_accelerators(nvml).devices is not None
+    assert nvml.inits == 2
 
 
-def test_shutdown_failure_does_not_lose_the_sample() -> None:
+def test_shutdown_failure_at_exit_is_swallowed() -> None:
     nvml = FakeNVML([(b"A", 10, 5)], shutdown_error=FakeNVMLError("already shut down"))
     sample = sample_accelerators(nvml)
     assert sample.devices is not None and [d.name for d in sample.devices] == ["A"]
+    telemetry.shutdown_nvml()
     assert nvml.shutdowns == 1
 
 

@@ -40,7 +40,7 @@ class PluginList(msgspec.Struct):
 
 def run(*args: str, home: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
-    env.update(WERK_HOME=str(home), NO_COLOR="1", COLUMNS="200", **extra_env)
+    env.update({"WERK_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", **extra_env})
     assert WERK is not None
     return subprocess.run(
         [WERK, *args], capture_output=True, text=True, env=env, timeout=120, check=False
@@ -211,3 +211,44 @@ def test_plugin_failing_to_add_commands_does_not_break_the_cli(
 
 def test_without_the_plugin_the_command_does_not_exist(werk_home: Path) -> None:
     assert run("hello", home=werk_home).returncode == 2
+
+
+BROKEN_IMPORT_PLUGIN = "raise ImportError('werk_badimport needs a library that is missing')\n"
+
+
+def test_a_plugin_that_fails_to_import_warns_once_and_explains_with_v(
+    tmp_path: Path, werk_home: Path
+) -> None:
+    site = _site_with(tmp_path, werk_badimport=BROKEN_IMPORT_PLUGIN)
+    proc = run("plugins", home=werk_home, PYTHONPATH=str(site))
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "werk-badimport" in line]
+    assert len(warnings) == 1, proc.stderr  # once per command, though two managers are built
+    assert "Traceback" not in proc.stderr
+    verbose = run("plugins", "-v", home=werk_home, PYTHONPATH=str(site))
+    assert "Traceback (most recent call last)" in verbose.stderr
+    assert "needs a library that is missing" in verbose.stderr
+
+
+def test_tables_follow_columns_in_a_pipe(werk_home: Path) -> None:
+    narrow = run("capabilities", home=werk_home, COLUMNS="80")
+    assert narrow.returncode == 0, narrow.stderr
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
+
+
+def test_serve_help_names_its_values() -> None:
+    assert WERK is not None
+    env = {**os.environ, "COLUMNS": "120"}
+    proc = subprocess.run(
+        [WERK, "serve", "--help"], capture_output=True, text=True, env=env, timeout=60, check=True
+    )
+    for option in (
+        "--model ID",
+        "--host HOST",
+        "--port PORT",
+        "--api-key KEY",
+        "--api-key-file PATH",
+    ):
+        assert option in proc.stdout, proc.stdout
+    assert "list[str]" not in proc.stdout and "<str>" not in proc.stdout
+    assert "int range" not in proc.stdout

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import typer
 
 import werk
 from werk import (
@@ -295,3 +296,33 @@ async def test_failed_plugin_receives_no_operations(make_pm: MakePM) -> None:
     await pm.call_operation(Operation.PREFILL, _runtime("dup"), call=PrefillCall())
     assert [name for name, _ in first.calls] == ["werk_prefill"]
     assert duplicate.calls == []
+
+
+class _Commands:
+    @hookimpl
+    def werk_register_backends(self, register: Callable[[BackendDescriptor], None]) -> None:
+        register(BackendDescriptor(name="cmds"))
+
+    @hookimpl
+    def werk_register_commands(self, app: typer.Typer, models: typer.Typer) -> None:
+        @models.command("count-cmds")
+        def count() -> None:
+            typer.echo("0 cmds models")
+
+
+def test_register_commands_goes_through_the_plugin_manager(make_pm: MakePM) -> None:
+    from typer.testing import CliRunner
+
+    from werk.cli.plugin_commands import register_plugin_commands
+
+    root, models = typer.Typer(), typer.Typer()
+    root.add_typer(models, name="models")
+
+    @root.command()
+    def version() -> None:  # a second command, so typer keeps sub-command names
+        typer.echo("v")
+
+    register_plugin_commands(make_pm(("werk-cmds", _Commands())), root=root, models=models)
+    result = CliRunner().invoke(root, ["models", "count-cmds"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "0 cmds models"

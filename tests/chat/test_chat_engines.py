@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 import werk
+from werk import WerkPluginManager
 from werk.chat.archive import SessionStore
 from werk.chat.local import LocalEngine
 from werk.chat.native import NativeContext, TurnOutcome
@@ -178,7 +179,7 @@ def test_native_provider_seam(fake: Any, tmp_path: Path) -> None:
     recorders: list[Recorder] = []
     contexts: list[NativeContext] = []
 
-    async def provider(context: NativeContext) -> Recorder:
+    async def provider(pm: WerkPluginManager, context: NativeContext) -> Recorder:
         contexts.append(context)
         recorders.append(Recorder(plugin.events))
         return recorders[-1]
@@ -190,11 +191,15 @@ def test_native_provider_seam(fake: Any, tmp_path: Path) -> None:
     ):
         conv = Conversation("m", archive=archive)
         turn(engine, conv, "hi")
+        # The provider's private place is the session's native/ dir (not created by asking).
+        native_dir = contexts[0].native_dir
+        assert native_dir(False) is None
+        assert native_dir(True) == archive.native_dir(create=False) is not None
         plugin.hang = True
         with pytest.raises(KeyboardInterrupt):
             turn(engine, conv, "more", on_text=interrupt)
     (ctx,) = contexts
-    assert ctx.archive is archive and ctx.runtime.generation == "g1"
+    assert ctx.runtime.generation == "g1"
     assert plugin.bodies[0]["x_native"] is True
     done, cancelled = recorders[0].outcomes
     assert done.complete and done.reply == "one two" and done.usage is not None

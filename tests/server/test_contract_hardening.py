@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+
 from conftest import SpawnServer
 
 pytestmark = pytest.mark.slow
@@ -68,13 +69,15 @@ def test_a_client_that_leaves_mid_stream_gets_the_backend_stream_closed(
     ):
         assert response.status_code == 200
         first = next(response.iter_lines())
-        assert first.startswith("data: {")
-        assert not marker.exists()  # mid-stream: the generator is suspended, not closed
+        assert first.startswith("data: {"), first
+        ended = marker.read_text() if marker.exists() else "still streaming"
+        assert ended == "still streaming", f"the stream ended before the client left: {ended}"
     # The client closed the connection with the reply unfinished (0.5 s per chunk).
     deadline = time.monotonic() + 1.0
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert marker.exists(), "the backend's stream was not closed within 1 s of the disconnect"
+    assert marker.read_text() == "closed\n"
 
 
 def test_log_lines_of_a_failed_request_carry_its_request_id(spawn_server: SpawnServer) -> None:

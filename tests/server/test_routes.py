@@ -263,8 +263,15 @@ def test_openapi_document_lists_exactly_the_served_routes(http: httpx.Client) ->
     assert document["openapi"] == "3.1.0"
     assert document == msgspec.json.decode(msgspec.json.encode(openapi_document()))
     listed = {(m.upper(), path) for path, ops in document["paths"].items() for m in ops}
-    assert listed == {(s.method, s.path) for s in ROUTE_SPECS}
+    openai = {("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")}
+    assert listed == {(s.method, s.path) for s in ROUTE_SPECS} | openai
     assert document["paths"][f"{P}/health"]["get"]["security"] == []
+    # The /v1 bodies: what Werk checks (model, stream), the rest goes to the backend.
+    chat = document["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
+    schema = chat["application/json"]["schema"]
+    assert schema["required"] == ["model", "messages"]
+    assert schema["properties"]["stream"] == {"type": "boolean", "default": False}
+    assert schema["properties"]["model"]["maxLength"] == 128
 
 
 def _route_table() -> str:
@@ -341,7 +348,11 @@ def test_invalid_request_400(http: httpx.Client) -> None:
         ).message
     )
     # A known route called with the wrong method: 405, code invalid_request (docs/protocol.md).
-    error(http.get(f"{P}/prefill"), 405, "invalid_request")
+    wrong_method = http.get(f"{P}/prefill")
+    error(wrong_method, 405, "invalid_request")
+    assert wrong_method.headers["allow"] == "POST"  # RFC 9110: a 405 names what is allowed
+    assert http.post(f"{P}/capabilities", json={}).headers["allow"] == "GET, HEAD"
+    assert http.get("/v1/chat/completions").headers["allow"] == "POST"
 
 
 def test_unauthenticated_401(keyed: WerkServer, request_ids: set[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,9 +23,13 @@ def emit_json(value: Any) -> None:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A readable table; colour and box drawing only when stdout is a terminal."""
+    """A readable table; colour and box drawing only when stdout is a terminal.
+
+    The width is the terminal's, or ``COLUMNS`` when set; a pipe without ``COLUMNS`` gets
+    unwrapped lines (up to 400 columns) for tools like ``grep``. Cells past the width wrap."""
     tty = sys.stdout.isatty()
-    console = Console(no_color=not tty, width=None if tty else 400, soft_wrap=False)
+    sized = tty or os.environ.get("COLUMNS", "").isdigit()
+    console = Console(no_color=not tty, width=None if sized else 400, soft_wrap=False)
     table = Table(title=title, title_justify="left", show_lines=False, box=None, pad_edge=False)
     for index, column in enumerate(columns):
         table.add_column(column, no_wrap=index == 0, overflow="fold")

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import typer
 
-from ..plugins import get_plugin_manager
+from ..plugins import WerkPluginManager, get_plugin_manager
 from ._app import app
 from .models import models_app
 
 __all__ = ["register_plugin_commands"]
 
 
-def register_plugin_commands() -> None:
+def register_plugin_commands(
+    pm: WerkPluginManager | None = None,
+    *,
+    root: typer.Typer = app,
+    models: typer.Typer = models_app,
+) -> None:
     """Call every loaded plugin's ``werk_register_commands``; a raising plugin is reported on
-    stderr and skipped."""
-    pm = get_plugin_manager()
+    stderr and skipped.
+
+    :param pm: the plugin manager (default: a new one loading the entry points).
+    :param root: the ``werk`` application; ``models``: its ``werk models`` group.
+    """
+    pm = pm if pm is not None else get_plugin_manager()
     for name, plugin in pm.implementers("werk_register_commands"):
         try:
-            pm.call_plugin(plugin, "werk_register_commands", app=app, models=models_app)
+            pm.call_plugin(plugin, "werk_register_commands", app=root, models=models)
         except Exception as exc:
             typer.echo(f"warning: plugin {name} failed to add commands: {exc}", err=True)

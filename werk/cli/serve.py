@@ -72,17 +72,28 @@ def collect_api_keys(keys: list[str], key_file: Path | None) -> list[str]:
 @app.command()
 def serve(
     model: list[str] = typer.Option(
-        [], "--model", help="Serve this imported model id (repeatable). See `werk models list`."
+        [],
+        "--model",
+        metavar="ID",
+        help="Serve this imported model id (repeatable). See `werk models list`.",
     ),
-    host: str = typer.Option("127.0.0.1", help="Bind address. Non-loopback requires an API key."),
-    port: int = typer.Option(11434, min=0, max=65535, help="TCP port (0 picks a free one)."),
+    host: str = typer.Option(
+        "127.0.0.1", metavar="HOST", help="Bind address. Non-loopback requires an API key."
+    ),
+    port: int = typer.Option(
+        11434, min=0, max=65535, metavar="PORT", help="TCP port (0 picks a free one)."
+    ),
     api_key: list[str] = typer.Option(
         [],
         "--api-key",
+        metavar="KEY",
         help=f"Accept this API key (repeatable). Also: --api-key-file, {API_KEYS_ENV}=k1,k2.",
     ),
     api_key_file: Path | None = typer.Option(
-        None, "--api-key-file", help="File with one API key per line ('#' comments)."
+        None,
+        "--api-key-file",
+        metavar="PATH",
+        help="File with one API key per line ('#' comments).",
     ),
     insecure_no_auth: bool = typer.Option(
         False, "--insecure-no-auth", help="Allow a non-loopback bind without any API key. Unsafe."
@@ -101,6 +112,7 @@ def serve(
     persistence_ttl_seconds: int | None = typer.Option(
         None,
         "--persistence-ttl-seconds",
+        metavar="SECONDS",
         help=f"Default TTL, {TTL_MIN_SECONDS}..{TTL_MAX_SECONDS} s (implies --persistence).",
     ),
     persistence_pin: bool = typer.Option(
@@ -115,7 +127,11 @@ def serve(
         help="Close a connection whose request line and headers are not complete within "
         f"SECONDS ({HEADER_TIMEOUT_MIN:g}..{HEADER_TIMEOUT_MAX:g}; slow-header defence).",
     ),
-    log_level: str = typer.Option("warning", help="uvicorn log level."),
+    log_level: str = typer.Option(
+        "warning",
+        metavar="LEVEL",
+        help="Log level of the server and its plugins (debug, info, warning, error).",
+    ),
 ) -> None:
     """Serve the OpenAI-compatible /v1 API and Werk Protocol 1.0 under /werk/v1.
 

@@ -62,6 +62,10 @@ def error_response(request: Request, exc: BaseException) -> Response:
     err = to_werk_error(exc, request_id)
     status = err.http_status
     headers = {"WWW-Authenticate": "Bearer"} if err.code is ErrorCode.UNAUTHENTICATED else None
+    if isinstance(exc, HTTPException) and exc.status_code == 405 and exc.headers:
+        allow = exc.headers.get("Allow")  # RFC 9110 §15.5.6: a 405 lists the allowed methods
+        if allow:
+            headers = {"Allow": ", ".join(sorted(m.strip() for m in allow.split(",")))}
     if request.url.path.startswith("/v1/") or request.url.path == "/v1":
         body = {
             "error": {

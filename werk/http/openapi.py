@@ -1,4 +1,6 @@
-"""The OpenAPI 3.1 document of ``/werk/v1``, generated from the msgspec Structs.
+"""The OpenAPI 3.1 document of ``/werk/v1`` (generated from the msgspec Structs) and of the
+OpenAI-compatible ``/v1`` routes Werk serves (what Werk itself checks; the rest of a body is
+the backend's to validate).
 
 msgspec describes each field; the few rules that span fields (a Struct's ``__post_init__``:
 "exactly one of …") are added from :data:`_CROSS_FIELD`, so a request that validates against
@@ -77,6 +79,123 @@ _CROSS_FIELD: dict[type, dict[str, Any]] = {
 """The ``__post_init__`` rules of request Structs, in JSON Schema."""
 
 
+_OPENAI_ERROR = {
+    "description": "OpenAI-shaped error (Werk's own message; backend error bodies are never "
+    "forwarded)",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "required": ["message", "type", "code"],
+                        "properties": {
+                            "message": {"type": "string"},
+                            "type": {"type": "string"},
+                            "code": {"type": "string"},
+                            "param": {"type": ["string", "null"]},
+                        },
+                    }
+                },
+            }
+        }
+    },
+}
+
+
+def _openai_body(required: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """What Werk itself checks in a ``/v1`` completion body; every other member goes to the
+    model's backend unchanged, which validates it (its refusal is a Werk error)."""
+    return {
+        "type": "object",
+        "required": ["model", required],
+        "properties": {
+            "model": {**_MODEL_ID, "description": "a model this server serves"},
+            required: schema,
+            "stream": {"type": "boolean", "default": False},
+        },
+        "additionalProperties": True,
+    }
+
+
+def _openai_paths() -> dict[str, dict[str, Any]]:
+    """The OpenAI-compatible routes Werk serves (request bodies up to 32 MiB)."""
+    reply = {
+        "description": "The backend's reply: a JSON object, or with `stream: true` Server-Sent "
+        "Events of JSON chunks ending with `data: [DONE]`",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    }
+    messages = {"type": "array", "items": {"type": "object"}, "minItems": 1}
+    prompt = {"type": "string"}
+
+    def completion(summary: str, op_id: str, required: str, schema: Any) -> dict[str, Any]:
+        return {
+            "post": {
+                "summary": summary,
+                "operationId": op_id,
+                "tags": ["openai"],
+                "security": [{"bearer": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _openai_body(required, schema)}},
+                },
+                "responses": {"200": reply, "default": _OPENAI_ERROR},
+            }
+        }
+
+    models = {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object", "created", "owned_by"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"const": "model"},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string", "description": "the backend"},
+                    },
+                },
+            },
+        },
+    }
+    return {
+        "/v1/models": {
+            "get": {
+                "summary": "The models this server serves (OpenAI shape)",
+                "operationId": "openai_models",
+                "tags": ["openai"],
+                "security": [{"bearer": []}],
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": models}},
+                    },
+                    "default": _OPENAI_ERROR,
+                },
+            }
+        },
+        "/v1/chat/completions": completion(
+            "Chat completion through the model's backend",
+            "openai_chat_completions",
+            "messages",
+            messages,
+        ),
+        "/v1/completions": completion(
+            "Text completion through the model's backend", "openai_completions", "prompt", prompt
+        ),
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     structs = sorted(
         {t for s in ROUTE_SPECS for t in (s.request, s.response) if t is not None} | {ErrorBody},
@@ -138,7 +257,7 @@ def openapi_document() -> dict[str, Any]:
             "version": PROTOCOL_VERSION,
             "x-werk-version": __version__,
         },
-        "paths": paths,
+        "paths": {**paths, **_openai_paths()},
         "components": {
             "schemas": components,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -32,9 +32,11 @@ or uncertain systems are discrete: tiers stay apart, which never merges two budg
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import platform
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -166,8 +168,38 @@ def _load_nvml() -> ModuleType:
     return module
 
 
+_NVML_LOCK = threading.Lock()
+_NVML_READY: dict[int, Any] = {}
+"""NVML libraries initialised by this process (by ``id``; the value keeps the object alive)."""
+
+
+def _nvml_ready(lib: Any) -> None:
+    """``nvmlInit`` once per process and library; a failed init is tried again next time."""
+    with _NVML_LOCK:
+        if id(lib) not in _NVML_READY:
+            lib.nvmlInit()
+            _NVML_READY[id(lib)] = lib
+
+
+def _nvml_forget(lib: Any) -> None:
+    with _NVML_LOCK:
+        if _NVML_READY.pop(id(lib), None) is not None:
+            with contextlib.suppress(Exception):  # nothing left to free after a failure
+                lib.nvmlShutdown()
+
+
+@atexit.register
+def shutdown_nvml() -> None:
+    """Shut NVML down (at exit); the next sample initialises it again."""
+    for lib in list(_NVML_READY.values()):
+        _nvml_forget(lib)
+
+
 def sample_accelerators(nvml: Any = None) -> AcceleratorSample:
-    """Per-device memory from NVML.
+    """Per-device memory from NVML, initialised once per process (not per sample).
+
+    A failed sample shuts NVML down, so the next one starts afresh (a GPU that fell off the
+    bus, a driver reload).
 
     :param nvml: an object with pynvml's API (tests inject a double); defaults to ``pynvml``.
     """
@@ -176,7 +208,7 @@ def sample_accelerators(nvml: Any = None) -> AcceleratorSample:
     except ImportError as exc:
         return AcceleratorSample(None, f"pynvml is not importable: {exc}")
     try:
-        lib.nvmlInit()
+        _nvml_ready(lib)
     except Exception as exc:
         return AcceleratorSample(None, f"NVML did not initialise: {_nvml_text(exc)}")
     try:
@@ -196,11 +228,8 @@ def sample_accelerators(nvml: Any = None) -> AcceleratorSample:
             devices, None if devices else "NVML reports no devices", unified=unified
         )
     except Exception as exc:
+        _nvml_forget(lib)
         return AcceleratorSample(None, f"NVML sampling failed: {_nvml_text(exc)}", failed=True)
-    finally:
-        # A shutdown failure after a failed sample has nothing left to free.
-        with contextlib.suppress(Exception):
-            lib.nvmlShutdown()
 
 
 def _memory_info(lib: Any, handle: Any) -> tuple[int | None, int | None]:

@@ -86,6 +86,6 @@ def locate_llama_server(options: Mapping[str, Any] | None = None) -> Located:
             return Located(candidate.absolute(), "from the werk build cache")
     return Located(
         None,
-        f"set {ENV}, set the model option {OPTION!r}, put llama-server on PATH, "
-        "or run `make serve` to build it",
+        f"set {ENV} to a llama-server executable, set the model option {OPTION!r}, or put "
+        "llama-server on PATH (a Werk checkout builds one with `make llama-server`)",
     )

@@ -335,7 +335,7 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
         check_alive=lambda: engine_of(runtime),
     )
     if SLOW_STREAM in request.text and runtime.model.files:
-        stream = _observed(stream, closed_marker(runtime.model.files[0]))
+        stream = _Observed(stream, closed_marker(runtime.model.files[0]))
     return OpenAIReply(stream=stream)
 
 
@@ -344,11 +344,28 @@ def closed_marker(model_file: Path) -> Path:
     return model_file.with_name(model_file.name + ".stream-closed")
 
 
-async def _observed(stream: AsyncIterator[bytes], marker: Path) -> AsyncIterator[bytes]:
-    """Relay slowly (0.5 s per chunk) and record, in ``marker``, that the host closed us."""
-    try:
-        async for payload in stream:
-            yield payload
+class _Observed:
+    """Relays ``stream`` slowly (0.5 s before each chunk after the first) and records in
+    ``marker`` that :meth:`aclose` was called. A class, not a generator, like a plugin's stream
+    that holds a resource (a slot, an upstream response): a cancelled ``__anext__`` cleans
+    nothing up, so only the host's ``aclose()`` frees it."""
+
+    def __init__(self, stream: AsyncIterator[bytes], marker: Path) -> None:
+        self._stream = stream
+        self._marker = marker
+        self._first = True
+
+    def __aiter__(self) -> _Observed:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self._first:
             await anyio.sleep(0.5)
-    finally:
-        marker.write_text("closed\n")
+        self._first = False
+        return await self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        self._marker.write_text("closed\n")
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
