@@ -13,26 +13,37 @@ points while the dev virtual environment stays untouched:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import select
-import struct
 import subprocess
 import sys
-import termios
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
+from werk.testing.terminal import HANG_GUARD, PtyChat
+
+__all__ = [
+    "HANG_GUARD",
+    "PLUGINS",
+    "PtyChat",
+    "cli_env",
+    "import_model",
+    "install_plugins",
+    "marker",
+    "ok",
+    "process_gone",
+    "read_until",
+    "tree_digest",
+    "werk",
+]
+
 REPO = Path(__file__).resolve().parents[2]
 WERK = Path(sys.executable).parent / "werk"
 PLUGINS = "werk-test-backend,werk-standin"
-HANG_GUARD = 60.0
-"""Seconds after which a stuck subprocess fails the test (a hang guard, not a timing check)."""
 
 
 def install_plugins(target: Path) -> Path:
@@ -123,74 +134,6 @@ def read_until(fd: int, needle: bytes, seen: bytearray, proc: subprocess.Popen[b
         if time.monotonic() > guard:
             proc.kill()
             pytest.fail(f"no {needle!r} in time:\n{seen.decode(errors='replace')}")
-
-
-class PtyChat:
-    """``werk chat …`` on a pseudo-terminal that is its controlling terminal.
-
-    ``setsid -c`` makes the child a session leader with the pty as controlling terminal, so
-    writing ``\\x03`` is a real Ctrl+C (the line discipline sends SIGINT to the foreground
-    process group) and ``\\x04`` a real Ctrl+D, exactly as when a person types them.
-    """
-
-    def __init__(self, args: Sequence[str], env: dict[str, str]) -> None:
-        master, slave = os.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        self.proc = subprocess.Popen(
-            ["setsid", "-c", str(WERK), *args],
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env={**env, "TERM": "xterm"},
-        )
-        os.close(slave)
-        self.master = master
-        self.output = bytearray()
-
-    def expect(self, needle: str | bytes, count: int = 1) -> None:
-        """Wait until ``needle`` has appeared ``count`` times in the whole transcript."""
-        raw = needle.encode() if isinstance(needle, str) else needle
-        guard = time.monotonic() + HANG_GUARD
-        while self.output.count(raw) < count:
-            ready, _, _ = select.select([self.master], [], [], 0.5)
-            if ready:
-                try:
-                    data = os.read(self.master, 65536)
-                except OSError:  # EIO: the terminal has no writer any more
-                    data = b""
-                if not data:
-                    pytest.fail(f"terminal closed before {raw!r} x{count}:\n{self.text()}")
-                self.output += data
-            elif self.proc.poll() is not None:
-                pytest.fail(f"exit {self.proc.returncode} before {raw!r} x{count}:\n{self.text()}")
-            if time.monotonic() > guard:
-                self.proc.kill()
-                pytest.fail(f"{raw!r} did not appear {count} times:\n{self.text()}")
-
-    def send(self, data: str) -> None:
-        os.write(self.master, data.encode())
-
-    def text(self) -> str:
-        return self.output.decode(errors="replace")
-
-    def wait(self) -> int:
-        """Drain the terminal until the process exits; return its status."""
-        guard = time.monotonic() + HANG_GUARD
-        while self.proc.poll() is None:
-            ready, _, _ = select.select([self.master], [], [], 0.2)
-            if ready:
-                with contextlib.suppress(OSError):
-                    self.output += os.read(self.master, 65536)
-            if time.monotonic() > guard:
-                self.proc.kill()
-                pytest.fail(f"werk chat did not exit:\n{self.text()}")
-        return self.proc.returncode
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self.master)
 
 
 def tree_digest(root: Path, exclude: Collection[Path] = ()) -> dict[str, str]:

@@ -20,7 +20,6 @@ import os
 import re
 import stat
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,14 +63,7 @@ from werk import (
     Runtime,
     TurnOutcome,
 )
-from werk.chat.archive import ChatArchive, SessionStore
-
-REPO = Path(__file__).resolve().parents[3]
-CHAT_HELPERS = str(REPO / "tests" / "chat")
-if CHAT_HELPERS not in sys.path:
-    sys.path.append(CHAT_HELPERS)  # tests/chat/_chat_support.py: the pty driver of `werk chat`
-
-from _chat_support import PtyChat  # noqa: E402
+from werk.testing.terminal import PtyChat
 
 NAMESPACE = Namespace(
     model_identity="sha256:" + "1" * 64,
@@ -317,14 +309,27 @@ def recorder() -> Iterator[tuple[str, list[str]]]:
         thread.join()
 
 
+class NativeDir:
+    """A session's private ``native/`` directory as ``werk chat`` hands it to the provider
+    (``NativeContext.native_dir``): 0700, created only when asked."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, create: bool) -> Path | None:
+        if create and not self.path.is_dir():
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.path.mkdir(mode=0o700)
+        return self.path if self.path.is_dir() else None
+
+
 @pytest.fixture
-def session(tmp_path: Path) -> Iterator[ChatArchive]:
-    with SessionStore(tmp_path / "home").open("s1", model="demo") as archive:
-        yield archive
+def session(tmp_path: Path) -> NativeDir:
+    return NativeDir(tmp_path / "sessions" / "s1" / "native")
 
 
 async def _cache(
-    tmp_path: Path, url: str, archive: ChatArchive, phases: list[str]
+    tmp_path: Path, url: str, native_dir: NativeDir, phases: list[str]
 ) -> tuple[LlamaChatCache, httpx.AsyncClient]:
     slot_dir = tmp_path / "slots"
     slot_dir.mkdir(mode=0o700, exist_ok=True)
@@ -346,7 +351,7 @@ async def _cache(
     runtime = Runtime(backend="llamacpp", model=model, generation="g_test", handle=handle)
     context = NativeContext(
         runtime=runtime,
-        native_dir=lambda create: archive.native_dir(create=create),
+        native_dir=native_dir,
         phase=phases.append,
     )
     slot, epoch = allocator_for(handle).acquire()
@@ -357,15 +362,15 @@ async def _cache(
     return cache, client
 
 
-def _native_of(archive: ChatArchive) -> Path:
-    path = archive.native_dir(create=True)
+def _native_of(native_dir: NativeDir) -> Path:
+    path = native_dir(True)
     assert path is not None
     return path
 
 
 @pytest.mark.anyio
 async def test_receipts_and_incompatible_snapshots_never_cause_a_request(
-    tmp_path: Path, recorder: tuple[str, list[str]], session: ChatArchive
+    tmp_path: Path, recorder: tuple[str, list[str]], session: NativeDir
 ) -> None:
     url, seen = recorder
     native = _native_of(session)
@@ -394,7 +399,7 @@ async def test_receipts_and_incompatible_snapshots_never_cause_a_request(
 
 @pytest.mark.anyio
 async def test_a_snapshot_of_another_conversation_state_is_not_restored(
-    tmp_path: Path, recorder: tuple[str, list[str]], session: ChatArchive
+    tmp_path: Path, recorder: tuple[str, list[str]], session: NativeDir
 ) -> None:
     url, seen = recorder
     _put(_native_of(session) / INDEX, _index())
@@ -412,7 +417,7 @@ async def test_a_snapshot_of_another_conversation_state_is_not_restored(
 
 @pytest.mark.anyio
 async def test_an_incomplete_turn_publishes_nothing(
-    tmp_path: Path, recorder: tuple[str, list[str]], session: ChatArchive
+    tmp_path: Path, recorder: tuple[str, list[str]], session: NativeDir
 ) -> None:
     url, seen = recorder
     phases: list[str] = []
@@ -426,7 +431,7 @@ async def test_an_incomplete_turn_publishes_nothing(
         await cache.close()
         await client.aclose()
     assert seen == []  # no slot save was even asked for
-    assert session.native_dir(create=False) is None  # nothing created either
+    assert session(False) is None  # nothing created either
     assert "native KV snapshot: not saved (the turn did not complete)" in phases
     assert not any("reuse observed" in p for p in phases)
 
@@ -484,7 +489,7 @@ def test_only_an_in_process_pin_of_a_state_slot_is_honoured(tmp_path: Path) -> N
 async def test_only_positive_consistent_counts_are_evidence(
     tmp_path: Path,
     recorder: tuple[str, list[str]],
-    session: ChatArchive,
+    session: NativeDir,
     complete: bool,
     usage: dict[str, Any] | None,
     expected: str,

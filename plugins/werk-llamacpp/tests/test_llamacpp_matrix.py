@@ -18,18 +18,14 @@ two values; every other cell is one status.
 from __future__ import annotations
 
 import stat
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+import test_llamacpp_states_e2e as e2e
 from test_llamacpp_states_support import LLAMA_SERVER, needs_llama_server
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tests" / "server"))
-import test_llamacpp_states_e2e as e2e  # noqa: E402
-from _server import werk_serve  # noqa: E402
+from werk.testing.server import werk_serve
 
 pytestmark = [pytest.mark.slow, needs_llama_server]
 

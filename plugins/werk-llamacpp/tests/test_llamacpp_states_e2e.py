@@ -13,7 +13,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +23,7 @@ import pytest
 from test_llamacpp_states_support import LLAMA_SERVER, needs_llama_server, prompt_evals
 from werk_llamacpp.probe import effective_arg
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tests" / "server"))
-from _server import WERK, WerkServer, server_env, werk_serve  # noqa: E402
+from werk.testing.server import WERK, WerkServer, server_env, werk_serve
 
 pytestmark = [pytest.mark.slow, needs_llama_server]
 

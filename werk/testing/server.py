@@ -1,0 +1,133 @@
+"""A real ``werk serve`` on loopback, for end-to-end tests of a backend.
+
+:func:`werk_serve` starts ``werk serve --host 127.0.0.1 --port <free> ARGS`` as a subprocess with
+its own ``WERK_HOME``, waits until ``GET /werk/v1/health`` answers, yields a :class:`WerkServer`
+and stops it (SIGTERM, then SIGKILL) afterwards. The environment is the test's, without any
+``WERK_*`` or ``PYTEST_*`` variable, plus ``WERK_HOME`` and what you pass; ``site`` puts a
+``pip install --target`` directory on ``PYTHONPATH`` so a plugin installed there is found
+through its entry point. Use it from your plugin's tests::
+
+    from werk.testing.server import werk_serve
+
+    def test_my_backend_under_werk_serve(tmp_path):
+        home = tmp_path / "home"; home.mkdir()
+        with werk_serve(home, ["--model", "demo"]) as server, server.client() as http:
+            assert http.get("/werk/v1/info").status_code == 200
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..supervise import free_port
+
+__all__ = ["WERK", "WerkServer", "server_env", "werk_serve"]
+
+
+def _werk_script() -> Path:
+    beside = Path(sys.executable).parent / "werk"
+    if beside.exists():
+        return beside
+    found = shutil.which("werk")
+    return Path(found) if found else beside
+
+
+WERK = _werk_script()
+"""The ``werk`` console script of the running interpreter's environment."""
+
+
+def server_env(
+    home: Path, site: Path | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment a test's ``werk`` subprocess gets (see the module docstring)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WERK_", "PYTEST_"))}
+    env["WERK_HOME"] = str(home)
+    if site is not None:
+        env["PYTHONPATH"] = str(site)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class WerkServer:
+    """A running ``werk serve`` process."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    home: Path
+    log_path: Path
+    api_keys: Sequence[str] = field(default_factory=list)
+
+    def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
+        """An ``httpx.Client`` for the server (with ``Authorization: Bearer KEY`` if given)."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kwargs)
+
+    def log(self) -> str:
+        """Everything the server wrote to stdout and stderr so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        """Send ``sig``, wait up to ``timeout`` seconds (then SIGKILL); the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@contextlib.contextmanager
+def werk_serve(
+    home: Path,
+    site: Path | None = None,
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    startup_timeout: float = 30,
+) -> Iterator[WerkServer]:
+    """Start ``werk serve --port <free> ARGS`` and wait until ``/werk/v1/health`` answers.
+
+    The server's output goes to ``<home>/../werk-serve-<port>.log`` (:meth:`WerkServer.log`).
+    """
+    port = free_port()
+    log_path = home.parent / f"werk-serve-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [str(WERK), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+            env=server_env(home, site, env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = WerkServer(process, f"http://127.0.0.1:{port}", home, log_path)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"werk serve exited {process.returncode}:\n{server.log()}")
+            try:
+                if httpx.get(f"{server.base_url}/werk/v1/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"werk serve did not become ready:\n{server.log()}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        server.stop()
