@@ -46,10 +46,9 @@ from ..backends import (
     StateKind,
 )
 from ..contract import MINIMUM_HOOKS
-from ..control.service import LocalControlService, ServiceConfig
+from ..control.service import LocalControlService
 from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import (
-    AuthMode,
     CapabilityId,
     CapabilityReport,
     CapabilityStatus,
@@ -62,7 +61,7 @@ from ..protocol import (
     WerkError,
     validate_capability_id,
 )
-from ..state.principals import NamespaceKey
+from .service import local_service
 
 __all__ = ["Check", "ConformanceError", "ConformanceReport", "check_backend"]
 
@@ -449,20 +448,8 @@ async def check_backend(
         report, "no runtime", manager.capabilities(CapabilityContext(backend=backend, model=spec))
     )
     with _private_home(home) as werk_home:
-        service = LocalControlService(
-            manager,
-            ServiceConfig(
-                home=werk_home,
-                models=[spec],
-                auth_mode=AuthMode.UNAUTHENTICATED_LOCAL,
-                namespace_key=NamespaceKey.ephemeral(),
-            ),
-        )
-        try:
+        async with local_service([spec], home=werk_home, pm=manager) as service:
             await _run_live(report, service, spec, werk_home)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await service.aclose()
     return report
 
 

@@ -10,12 +10,15 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import pytest
 from test_llamacpp_process_support import LLAMA_SERVER, demo_model, needs_llama_server
 from werk_llamacpp import inspect as llama_inspect
+from werk_llamacpp.process import ManagedHandle
 
 from werk import ModelSpec
 from werk.testing import ConformanceReport
+from werk.testing.service import local_service
 
 pytestmark = [pytest.mark.slow, needs_llama_server]
 
@@ -55,31 +58,13 @@ async def test_a_stream_the_host_closes_mid_reply_frees_its_slot_within_a_second
     """What the HTTP layer does when a client leaves (tests/server/test_contract_hardening.py
     proves that part over a real server): ``aclose()`` on the host's stream. llama-server must
     then stop generating in that slot, and Werk's slot picker must hold nothing."""
-    import anyio
-    from werk_llamacpp.process import ManagedHandle
-
-    from werk.control.service import LocalControlService, ServiceConfig
-    from werk.protocol import AuthMode
-    from werk.state.principals import NamespaceKey
-
     assert LLAMA_SERVER is not None
     monkeypatch.setenv("WERK_LLAMA_SERVER", str(LLAMA_SERVER))
     monkeypatch.setenv("WERK_HOME", str(tmp_path / "werk-home"))
     llama_inspect.forget_inspections()
     gguf = demo_model(tmp_path / "models")
     spec = ModelSpec(id="demo", backend="llamacpp", identity="sha256:" + "5" * 64, files=(gguf,))
-    from werk import get_plugin_manager
-
-    service = LocalControlService(
-        get_plugin_manager(),
-        ServiceConfig(
-            home=tmp_path / "werk-home",
-            models=[spec],
-            auth_mode=AuthMode.UNAUTHENTICATED_LOCAL,
-            namespace_key=NamespaceKey.ephemeral(),
-        ),
-    )
-    try:
+    async with local_service([spec], home=tmp_path / "werk-home") as service:
         body = {
             "model": "demo",
             "messages": [{"role": "user", "content": "count"}],
@@ -102,5 +87,3 @@ async def test_a_stream_the_host_closes_mid_reply_frees_its_slot_within_a_second
         with anyio.fail_after(1.0):
             while await processing():
                 await anyio.sleep(0.05)
-    finally:
-        await service.aclose()

@@ -32,15 +32,17 @@ from werk_llamacpp.slots import SlotState, tokenize
 from werk import (
     BackendError,
     BackendState,
+    ChatMessage,
     DecodeCall,
     FinishReason,
     IncompatibleState,
     InvalidRequest,
+    Policy,
     PrefillCall,
+    Reuse,
     ReuseUnavailable,
     StateKind,
 )
-from werk.protocol import ChatMessage, Policy, Reuse
 
 pytestmark = [pytest.mark.slow, needs_llama_server, pytest.mark.anyio]
 

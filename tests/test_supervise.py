@@ -1,0 +1,203 @@
+"""``werk.supervise`` with tiny real child programs (``sh``, ``sleep``, ``python -c``).
+
+Spawn in its own process group with a log; exit noticed by the event loop and reported once;
+the whole group stopped (a helper that ignores SIGTERM too); the rest of the group killed when
+the leader exits; parent-death signalling through the exec shim (the spawning process is
+SIGKILLed, the child dies with it); readiness with a deadline and early-exit detection; work
+directories that a dead owner left behind are swept.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+import werk
+from werk import ProcessExited, SupervisedProcess, WorkDir, sweep_stale_workdirs, wait_until_ready
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process API")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _alive(pid)
+
+
+def _group(pgid: int) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and _alive(proc.pid):
+                found.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
+@pytest.mark.anyio
+async def test_spawn_logs_runs_in_its_own_group_and_reports_its_exit(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    child = SupervisedProcess.spawn(["sh", "-c", "echo hello; echo oops >&2; exit 3"], log_path=log)
+    assert os.getpgid(child.pid) == child.pid != os.getpgid(0)  # its own process group
+    codes: list[int] = []
+    child.on_exit(codes.append)
+    assert child.watch()  # a pidfd on the running loop: no polling needed
+    with anyio.fail_after(10):
+        while not codes:
+            await anyio.sleep(0.01)
+    assert codes == [3] and child.returncode == 3
+    assert child.log_tail() == "hello\noops\n"
+    assert oct(log.stat().st_mode & 0o777) == "0o600"
+    late: list[int] = []
+    child.on_exit(late.append)  # registered after the exit: called at once, once
+    assert late == [3] and codes == [3]
+
+
+@pytest.mark.anyio
+async def test_terminate_stops_the_whole_group_even_a_helper_that_ignores_sigterm(
+    tmp_path: Path,
+) -> None:
+    script = "(trap '' TERM; sleep 60) & sleep 60"
+    child = SupervisedProcess.spawn(["sh", "-c", script], log_path=tmp_path / "log")
+    with anyio.fail_after(10):
+        while len(_group(child.pid)) < 3:  # sh, the helper subshell, sleeps
+            await anyio.sleep(0.02)
+    members = _group(child.pid)
+    code = await child.terminate(grace=1.0)
+    assert code == -signal.SIGTERM
+    assert all(_wait_gone(pid, 5) for pid in members), _group(child.pid)
+
+
+@pytest.mark.anyio
+async def test_a_leader_that_exits_takes_its_group_along(tmp_path: Path) -> None:
+    child = SupervisedProcess.spawn(
+        ["sh", "-c", "sleep 60 & echo $! > helper; sleep 0.3"],
+        log_path=tmp_path / "log",
+        cwd=tmp_path,
+    )
+    helper_file = tmp_path / "helper"
+    with anyio.fail_after(10):
+        while not (helper_file.exists() and helper_file.read_text().strip()):
+            await anyio.sleep(0.02)
+    helper = int(helper_file.read_text())
+    assert _alive(helper)
+    with anyio.fail_after(10):
+        while child.poll() is None:
+            await anyio.sleep(0.02)
+    assert _wait_gone(helper, 5), "the leader's helper outlived it"
+
+
+def test_the_child_dies_with_the_process_that_spawned_it(tmp_path: Path) -> None:
+    """Parent-death signalling through the exec shim: SIGKILL the spawner, the child goes."""
+    pidfile = tmp_path / "child.pid"
+    spawner = textwrap.dedent(
+        f"""
+        import pathlib, time
+        from werk.supervise import SupervisedProcess
+        log = pathlib.Path({str(tmp_path / "log")!r})
+        child = SupervisedProcess.spawn(["sleep", "60"], log_path=log)
+        pathlib.Path({str(pidfile)!r}).write_text(str(child.pid))
+        time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", spawner])
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child_pid = int(pidfile.read_text())
+        deadline = time.monotonic() + 10  # the shim execs sleep: wait for the exec
+        while psutil.Process(child_pid).name() != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert psutil.Process(child_pid).name() == "sleep"
+        proc.kill()
+        proc.wait()
+        assert _wait_gone(child_pid, 10), "the child outlived its SIGKILLed parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_program_that_cannot_be_executed_exits_127_with_a_reason(tmp_path: Path) -> None:
+    child = SupervisedProcess.spawn([str(tmp_path / "missing")], log_path=tmp_path / "log")
+    assert child.popen.wait(timeout=30) == 127
+    assert "cannot execute" in child.log_tail()
+
+
+@pytest.mark.anyio
+async def test_wait_until_ready_sees_readiness_an_early_exit_and_the_deadline(
+    tmp_path: Path,
+) -> None:
+    flag = tmp_path / "ready"
+    child = SupervisedProcess.spawn(
+        ["sh", "-c", f"sleep 0.2; touch {flag}; sleep 60"], log_path=tmp_path / "a.log"
+    )
+
+    async def ready() -> bool:
+        return flag.exists()
+
+    try:
+        await wait_until_ready(child, ready, timeout=20, what="the test child")
+    finally:
+        await child.terminate()
+
+    quitter = SupervisedProcess.spawn(["sh", "-c", "exit 7"], log_path=tmp_path / "b.log")
+    with pytest.raises(ProcessExited) as exited:
+        await wait_until_ready(quitter, ready_never, timeout=20)
+    assert exited.value.code == 7
+
+    slow = SupervisedProcess.spawn(["sleep", "60"], log_path=tmp_path / "c.log")
+    try:
+        with pytest.raises(werk.WerkTimeout, match="slow thing did not become ready within 0s"):
+            await wait_until_ready(slow, ready_never, timeout=0.3, what="slow thing")
+        assert slow.poll() is None  # the caller decides whether to stop it
+    finally:
+        await slow.terminate()
+
+
+async def ready_never() -> bool:
+    return False
+
+
+def test_work_dirs_are_private_locked_and_swept_only_when_their_owner_is_gone(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "backend"
+    live = WorkDir.create(root, "g_live", subdirs=("slots",))
+    assert oct(live.path.stat().st_mode & 0o777) == "0o700"
+    assert oct((live.path / "slots").stat().st_mode & 0o777) == "0o700"
+    # A directory whose lock nobody holds (its Werk was SIGKILLed) ...
+    stale = root / "g_dead"
+    stale.mkdir(mode=0o700)
+    (stale / "lock").write_text("")
+    assert sweep_stale_workdirs(root) == ["g_dead"]
+    assert not stale.exists() and live.path.exists()  # ... goes; the held one stays
+    fd = os.open(live.path / "lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    live.release()
+    live.release()  # idempotent
+    assert not live.path.exists()

@@ -1,0 +1,43 @@
+"""The in-process control service ``werk serve`` runs, for tests that drive a backend the way
+the server does without HTTP (the conformance kit uses it)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+
+from ..backends import ModelSpec
+from ..control.service import LocalControlService, ServiceConfig
+from ..plugins import WerkPluginManager, get_plugin_manager
+from ..protocol import AuthMode
+from ..state.principals import NamespaceKey
+
+__all__ = ["local_service"]
+
+
+@contextlib.asynccontextmanager
+async def local_service(
+    models: Sequence[ModelSpec], *, home: Path, pm: WerkPluginManager | None = None
+) -> AsyncIterator[LocalControlService]:
+    """A control service serving ``models`` from ``home`` (unauthenticated local mode, a
+    throw-away namespace key), closed afterwards: every runtime it started is stopped.
+
+    :param pm: the plugin manager (default: a new one loading the ``werk`` entry points).
+    """
+    service = LocalControlService(
+        pm if pm is not None else get_plugin_manager(),
+        ServiceConfig(
+            home=home,
+            models=list(models),
+            auth_mode=AuthMode.UNAUTHENTICATED_LOCAL,
+            namespace_key=NamespaceKey.ephemeral(),
+        ),
+    )
+    try:
+        yield service
+    finally:
+        with anyio.CancelScope(shield=True):
+            await service.aclose()
