@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,3 +46,26 @@ def make_pm() -> MakePM:
         return werk.get_plugin_manager(load_entrypoints=False, plugins=list(plugins), environ={})
 
     return build
+
+
+@pytest.fixture(scope="session")
+def tiny_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dependency-free wheel (``tinypkg`` 1.0, ``tinypkg.VALUE == 42``) built here, so pip can
+    install something without any package index."""
+    project = tmp_path_factory.mktemp("tinypkg")
+    (project / "tinypkg").mkdir()
+    (project / "tinypkg" / "__init__.py").write_text("VALUE = 42\n")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+        '[project]\nname = "tinypkg"\nversion = "1.0"\n'
+        '[tool.hatch.build.targets.wheel]\npackages = ["tinypkg"]\n'
+    )
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", "dist"],
+        cwd=project,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = (project / "dist").glob("*.whl")
+    return wheel

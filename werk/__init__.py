@@ -31,6 +31,14 @@ from .backends import (
 )
 from .cache.entry import CacheEntry
 from .config import werk_home
+from .demos import DemoModel, DemoRequest
+from .environments import (
+    EnvironmentSpec,
+    EnvironmentState,
+    EnvironmentStatus,
+    InstallStep,
+    ManagedEnvironment,
+)
 from .hookspecs import hookimpl, hookspec
 from .models import ModelManifest, ModelRegistry
 from .plugins import ENTRY_POINT_GROUP, WerkPluginManager, get_plugin_manager
@@ -87,6 +95,11 @@ __all__ = [
     "Conflict",
     "DecodeCall",
     "DecodeOutcome",
+    "DemoModel",
+    "DemoRequest",
+    "EnvironmentSpec",
+    "EnvironmentState",
+    "EnvironmentStatus",
     "ErrorCode",
     "ExperimentalOptInRequired",
     "ExpertMove",
@@ -95,9 +108,11 @@ __all__ = [
     "ExpertReport",
     "FinishReason",
     "IncompatibleState",
+    "InstallStep",
     "InternalError",
     "InvalidHandoff",
     "InvalidRequest",
+    "ManagedEnvironment",
     "ModelManifest",
     "ModelRegistry",
     "ModelSpec",

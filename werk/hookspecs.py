@@ -47,6 +47,8 @@ from .backends import (
     Runtime,
 )
 from .cache.entry import CacheEntry
+from .demos import DemoModel
+from .environments import EnvironmentSpec
 from .protocol.capabilities import CapabilityReport
 
 if TYPE_CHECKING:
@@ -60,11 +62,13 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 __all__ = [
     "hookimpl",
     "hookspec",
+    "werk_backend_environments",
     "werk_cache_inventory",
     "werk_cache_purge",
     "werk_capabilities",
     "werk_chat_native_cache",
     "werk_decode",
+    "werk_demo_models",
     "werk_move_experts",
     "werk_observe_experts",
     "werk_openai",
@@ -104,7 +108,10 @@ def werk_register_commands(app: typer.Typer, models: typer.Typer) -> None:
     """Add command-line commands.
 
     Called on every loaded plugin when the ``werk`` command starts. A plugin that raises here is
-    reported on stderr and its commands are missing; the other commands keep working.
+    reported on stderr and its commands are missing; the other commands keep working. Demo
+    models and managed environments have their own hooks (:func:`werk_demo_models`,
+    :func:`werk_backend_environments`): the host owns ``werk models create-demo`` and
+    ``werk backends``.
 
     :param app: the root ``werk`` typer application (``app.command()`` adds ``werk NAME``).
     :param models: the ``werk models`` group (``models.command()`` adds ``werk models NAME``).
@@ -117,6 +124,47 @@ def werk_register_commands(app: typer.Typer, models: typer.Typer) -> None:
             @models.command("create-demo")
             def create_demo() -> None:
                 ...
+    """
+
+
+@hookspec
+def werk_demo_models() -> Sequence[DemoModel] | None:
+    """Offer demo models this plugin can generate locally.
+
+    Called on every loaded plugin by ``werk models create-demo``, in the ``werk`` process. The
+    host picks the :class:`werk.DemoModel` whose ``kind`` the user asked for (``--kind``,
+    default ``gguf``), calls its ``create`` and imports the files it returns for its
+    ``backend``. Two plugins offering the same kind is an error naming both.
+
+    :returns: the demo kinds, or ``None`` for none.
+
+    Example::
+
+        @hookimpl
+        def werk_demo_models():
+            return [DemoModel(kind="echo", backend="echo", description="a text file",
+                              create=write_echo_model)]
+    """
+
+
+@hookspec
+def werk_backend_environments() -> Sequence[EnvironmentSpec] | None:
+    """Describe the managed Python environments this plugin's workers need.
+
+    Called on every loaded plugin by ``werk backends list`` and ``werk backends install NAME``
+    (in the ``werk`` process) and by anything that asks where an environment is. The host
+    builds one with :class:`werk.ManagedEnvironment` under ``WERK_HOME/backends/<name>/venv``
+    (never used half-built, recorded, replaced atomically); the plugin finds its interpreter
+    with ``ManagedEnvironment(werk_home(), name).ready_python(spec)``.
+
+    :returns: the environment specs (names unique across plugins), or ``None`` for none.
+
+    Example::
+
+        @hookimpl
+        def werk_backend_environments():
+            return [EnvironmentSpec(name="mybackend", requirements=("mylib==1.2",),
+                                    imports=("mylib",))]
     """
 
 

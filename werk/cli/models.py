@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 
 from ..config import werk_home
+from ..demos import DemoModel, DemoRequest
 from ..models import ModelRegistry
-from ..plugins import get_plugin_manager
+from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import InvalidRequest
 from ._app import app
 from ._output import emit_json, print_table, reporting_errors
@@ -105,3 +106,74 @@ def remove_model(
         typer.echo(f"removed manifest of {manifest.id}; files left in place")
     else:
         typer.echo(f"would remove manifest of {manifest.id}; run again with --execute")
+
+
+def demo_models(pm: WerkPluginManager) -> dict[str, tuple[str, DemoModel]]:
+    """Every plugin's demo kinds, with the plugin offering each.
+
+    :raises werk.InvalidRequest: two plugins offer the same kind.
+    """
+    found: dict[str, tuple[str, DemoModel]] = {}
+    for plugin_name, plugin in pm.implementers("werk_demo_models"):
+        for result in pm.call_plugin(plugin, "werk_demo_models"):
+            for demo in result or ():
+                if not isinstance(demo, DemoModel):
+                    raise InvalidRequest(f"plugin {plugin_name} returned a non-DemoModel")
+                if demo.kind in found:
+                    other = found[demo.kind][0]
+                    raise InvalidRequest(
+                        f"demo kind {demo.kind!r} is offered by {other} and {plugin_name}"
+                    )
+                found[demo.kind] = (plugin_name, demo)
+    return found
+
+
+@models_app.command("create-demo")
+def create_demo(
+    kind: str = typer.Option(
+        "gguf", "--kind", metavar="KIND", help="Which demo (unknown kinds list the installed ones)."
+    ),
+    model_id: str = typer.Option("demo", "--id", metavar="ID", help="Model id to import it as."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Weights seed (same seed, same files)."),
+    size: str = typer.Option(
+        "tiny", "--size", metavar="SIZE", help="tiny, or a size the kind offers."
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        metavar="PATH",
+        help="Where to write it (default: WERK_HOME/models/files).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Generate a small random-weight model locally and import it (no download). Kinds come
+    from the installed plugins: `gguf` (llama.cpp) with werk-llamacpp. Idempotent: the same seed
+    gives the same files, hence the same identity."""
+    with reporting_errors(as_json):
+        demos = demo_models(get_plugin_manager())
+        if kind not in demos:
+            offered = "; ".join(
+                f"{k} ({d.backend}: {d.description})" for k, (_, d) in sorted(demos.items())
+            )
+            raise InvalidRequest(
+                f"no installed plugin offers demo kind {kind!r}; kinds: {offered or 'none'}"
+            )
+        demo = demos[kind][1]
+        home = werk_home()
+        files = demo.create(
+            DemoRequest(
+                model_id=model_id,
+                home=home,
+                output=output,
+                seed=seed,
+                size=size,
+                progress=lambda line: typer.echo(line, err=True),
+            )
+        )
+        manifest = ModelRegistry(home).import_files(
+            list(files), model_id=model_id, backend=demo.backend, options=dict(demo.options)
+        )
+    if as_json:
+        emit_json(manifest)
+    else:
+        typer.echo(f"imported {manifest.id} ({manifest.backend}) identity {manifest.identity}")

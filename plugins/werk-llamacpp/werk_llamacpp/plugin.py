@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import typer
-
 from werk import (
     BackendDescriptor,
     BackendState,
@@ -34,6 +32,7 @@ from werk import (
     CapabilityStatus,
     DecodeCall,
     DecodeOutcome,
+    DemoModel,
     InvalidRequest,
     NativeChatCache,
     NativeContext,
@@ -48,7 +47,7 @@ from werk import (
 
 from . import chat_snapshots, states
 from .args import check_native_args, parse_options
-from .commands import register_commands
+from .demo_model import DEMO
 from .executable import locate_llama_server
 from .handle import LlamaHandle, ProbeStatus
 from .inspect import inspect_executable_sync
@@ -82,8 +81,9 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
 
 
 @hookimpl
-def werk_register_commands(app: typer.Typer, models: typer.Typer) -> None:
-    register_commands(models)
+def werk_demo_models() -> list[DemoModel]:
+    """``werk models create-demo --kind gguf`` (the default kind)."""
+    return [DEMO]
 
 
 # -- capabilities ---------------------------------------------------------------------------

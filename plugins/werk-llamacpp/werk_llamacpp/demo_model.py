@@ -1,12 +1,12 @@
-"""``werk models create-demo``: generate the demo GGUF and import it as a model.
+"""The ``gguf`` demo model of ``werk models create-demo`` (the host command imports it).
 
 The file is fully determined by ``(seed, size)`` (see :mod:`werk_llamacpp.demo`), so running the
 command twice gives the same bytes and therefore the same model identity. A sidecar
 ``<file>.demo.json`` records what was generated; when it matches the request and the file is
 unchanged (size and mtime), the file is not generated again (the medium model is ~1.9 GB).
 
-The import uses the host's public model registry (:class:`werk.ModelRegistry`), exactly as
-``werk models import`` does.
+The host's ``werk models create-demo --kind gguf`` (the default kind) calls :func:`create_demo`
+through the ``werk_demo_models`` hook and imports the file for the ``llamacpp`` backend.
 """
 
 from __future__ import annotations
@@ -15,17 +15,15 @@ import json
 import os
 from pathlib import Path
 
-import typer
+from werk import DemoModel, DemoRequest, InvalidRequest, werk_home
 
-from werk import InvalidRequest, ModelRegistry, werk_home
-
-__all__ = ["default_output", "ensure_demo_file", "register_commands"]
+__all__ = ["DEMO", "create_demo", "default_output", "ensure_demo_file"]
 
 SIDECAR_SCHEMA = 1
 
 
-def default_output(model_id: str) -> Path:
-    return werk_home() / "models" / "files" / f"{model_id}.gguf"
+def default_output(model_id: str, home: Path | None = None) -> Path:
+    return (home or werk_home()) / "models" / "files" / f"{model_id}.gguf"
 
 
 def _sidecar(path: Path) -> Path:
@@ -81,38 +79,28 @@ def ensure_demo_file(path: Path, *, seed: int, size: str) -> tuple[Path, bool]:
     return path, True
 
 
-def register_commands(models: typer.Typer) -> None:
-    """Add ``create-demo`` to the ``werk models`` group."""
+SIZES = ("tiny", "medium")
 
-    @models.command("create-demo")
-    def create_demo(
-        model_id: str = typer.Option("demo", "--id", help="Model id to import it as."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Weights seed (same seed, same file)."),
-        size: str = typer.Option(
-            "tiny", "--size", help="tiny (~1 MB) or medium (~1 B params, ~1.9 GB)."
-        ),
-        output: Path | None = typer.Option(
-            None, "--output", help="Where to write the GGUF (default: WERK_HOME/models/files)."
-        ),
-    ) -> None:
-        """Generate a random-weight LLaMA GGUF (byte-level tokenizer, ChatML template) and
-        import it for the llama.cpp backend. Idempotent: the same seed gives the same identity."""
-        if size not in ("tiny", "medium"):
-            raise typer.BadParameter("must be 'tiny' or 'medium'", param_hint="--size")
-        try:
-            path, generated = ensure_demo_file(
-                output or default_output(model_id), seed=seed, size=size
-            )
-        except InvalidRequest as exc:
-            typer.echo(f"error: {exc.message}", err=True)
-            raise typer.Exit(1) from None
-        typer.echo(f"{'wrote' if generated else 'kept'} {path} ({size}, seed {seed})", err=True)
-        try:
-            manifest = ModelRegistry(werk_home()).import_files(
-                [path], model_id=model_id, backend="llamacpp"
-            )
-        except InvalidRequest as exc:
-            typer.echo(f"error: {exc.message}", err=True)
-            raise typer.Exit(1) from None
-        identity = manifest.identity
-        typer.echo(f"imported {model_id} (llamacpp) identity {identity}")
+
+def create_demo(request: DemoRequest) -> list[Path]:
+    """``DemoModel.create`` of kind ``gguf``: the demo GGUF for ``request`` (kept when an
+    identical one is already there)."""
+    if request.size not in SIZES:
+        raise InvalidRequest("--size must be 'tiny' (~1 MB) or 'medium' (~1 B params, ~1.9 GB)")
+    path, generated = ensure_demo_file(
+        request.output or default_output(request.model_id, request.home),
+        seed=request.seed,
+        size=request.size,
+    )
+    request.progress(
+        f"{'wrote' if generated else 'kept'} {path} ({request.size}, seed {request.seed})"
+    )
+    return [path]
+
+
+DEMO = DemoModel(
+    kind="gguf",
+    backend="llamacpp",
+    description="random-weight LLaMA GGUF, byte-level tokenizer (tiny ~1 MB, medium ~1.9 GB)",
+    create=create_demo,
+)

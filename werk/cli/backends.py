@@ -1,0 +1,151 @@
+"""``werk backends``: the managed Python environments heavy backends run in.
+
+Plugins describe them (``werk_backend_environments``); the host installs them under
+``WERK_HOME/backends/<name>/`` (:mod:`werk.environments`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..config import werk_home
+from ..environments import EnvironmentSpec, InstallStep, ManagedEnvironment
+from ..plugins import WerkPluginManager, get_plugin_manager
+from ..protocol import InvalidRequest
+from ._app import app
+from ._output import emit_json, print_table, reporting_errors
+
+backends_app = typer.Typer(
+    help="Managed Python environments for backends that need their own (vLLM, media workers): "
+    "list them and install them under WERK_HOME/backends/<name>/venv.",
+    no_args_is_help=True,
+)
+app.add_typer(backends_app, name="backends")
+
+
+def environment_specs(pm: WerkPluginManager) -> dict[str, tuple[str, EnvironmentSpec]]:
+    """Every plugin's environment specs by name, with the plugin offering it.
+
+    :raises werk.InvalidRequest: two plugins describe the same environment name.
+    """
+    found: dict[str, tuple[str, EnvironmentSpec]] = {}
+    for plugin_name, plugin in pm.implementers("werk_backend_environments"):
+        for result in pm.call_plugin(plugin, "werk_backend_environments"):
+            for spec in result or ():
+                if not isinstance(spec, EnvironmentSpec):
+                    raise InvalidRequest(f"plugin {plugin_name} returned a non-EnvironmentSpec")
+                if spec.name in found:
+                    other = found[spec.name][0]
+                    raise InvalidRequest(
+                        f"environment {spec.name!r} is described by {other} and {plugin_name}"
+                    )
+                found[spec.name] = (plugin_name, spec)
+    return found
+
+
+@backends_app.command("list")
+def list_environments(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List the environments the installed plugins describe, and whether each is installed."""
+    with reporting_errors(as_json):
+        specs = environment_specs(get_plugin_manager())
+        home = werk_home()
+        found = [
+            (name, plugin, spec, ManagedEnvironment(home, name).status(spec))
+            for name, (plugin, spec) in sorted(specs.items())
+        ]
+    if as_json:
+        emit_json(
+            {
+                "environments": [
+                    {
+                        "name": name,
+                        "plugin": plugin,
+                        "state": status.state.value,
+                        "path": str(status.path),
+                        "installed_at": status.installed_at,
+                        "requirements": list(spec.requirements),
+                        "detail": status.detail,
+                    }
+                    for name, plugin, spec, status in found
+                ]
+            }
+        )
+        return
+    if not found:
+        typer.echo("No installed plugin needs a managed environment.")
+        return
+    print_table(
+        "Backend environments",
+        ["NAME", "PLUGIN", "STATE", "REQUIREMENTS", "DETAIL"],
+        [
+            (name, plugin, status.state.value, " ".join(spec.requirements), status.detail)
+            for name, plugin, spec, status in found
+        ],
+    )
+
+
+class _StepPrinter:
+    """One line per step, and the current pip line redrawn in place on a terminal."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.width = 0
+
+    def __call__(self, step: InstallStep) -> None:
+        if step.line is None:
+            self._clear()
+            typer.echo(f"[{step.index}/{step.total}] {step.label}", err=True)
+        elif self.tty:
+            text = f"      {step.line}"[:100]
+            sys.stderr.write("\r" + text.ljust(self.width))
+            sys.stderr.flush()
+            self.width = len(text)
+
+    def _clear(self) -> None:
+        if self.tty and self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            self.width = 0
+
+    def done(self) -> None:
+        self._clear()
+
+
+@backends_app.command("install")
+def install(
+    name: str = typer.Argument(
+        ..., metavar="NAME", help="The environment (see `werk backends list`)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Create (or replace) the managed environment NAME: a new virtual environment, pip
+    install, removals, an import check, then an atomic switch. Steps are shown as they run;
+    pip's full output goes to WERK_HOME/backends/NAME/install.log. A failure leaves the previous
+    environment in place."""
+    printer = _StepPrinter()
+    with reporting_errors(as_json):
+        specs = environment_specs(get_plugin_manager())
+        if name not in specs:
+            known = ", ".join(sorted(specs)) or "none"
+            raise InvalidRequest(
+                f"no installed plugin describes environment {name!r} (known: {known})"
+            )
+        environment = ManagedEnvironment(werk_home(), name)
+        try:
+            status = environment.install(specs[name][1], progress=printer)
+        finally:
+            printer.done()
+    if as_json:
+        emit_json(
+            {
+                "name": name,
+                "state": status.state.value,
+                "path": str(status.path),
+                "distributions": dict(status.distributions),
+            }
+        )
+        return
+    typer.echo(f"installed {name} in {status.path} ({len(status.distributions)} distributions)")

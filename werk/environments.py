@@ -1,0 +1,376 @@
+"""Managed Python environments for heavy backends (vLLM, media workers, Qwen-TTS).
+
+A plugin describes what its worker needs with an :class:`EnvironmentSpec` (returned from
+:func:`~werk.hookspecs.werk_backend_environments`); ``werk backends install NAME`` builds it
+with :class:`ManagedEnvironment` under ``WERK_HOME/backends/<name>/``::
+
+    venv/               the environment (python -m venv, then pip); run it as venv/bin/python
+    environment.json    what was installed: the spec's digest, python, every distribution
+    install.log         pip's full output of the last install
+    lock                held (flock) while an install runs
+
+**Nothing half-built is ever used.** The environment is built in a private temporary directory
+next to ``venv/``, checked (the spec's imports must succeed in it), and only then published:
+``venv/`` is replaced by one atomic rename, and ``environment.json`` is written last (fsync +
+rename). A crash or a failed install leaves the previous environment, or none, never a broken
+one; the next install removes the leftovers. An environment is *ready* only while its record
+exists and names the same spec digest: a changed spec makes it *outdated*, never silently used.
+
+Run programs in it as ``venv/bin/python -m <module>``: the directory was renamed after pip
+wrote it, so console-script shebangs point at the temporary path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from ._fs import replace_private_file
+from .protocol import Conflict, InvalidRequest, Unavailable
+
+__all__ = [
+    "EnvironmentSpec",
+    "EnvironmentState",
+    "EnvironmentStatus",
+    "InstallStep",
+    "ManagedEnvironment",
+]
+
+RECORD_SCHEMA = 1
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-_")
+_TMP_PREFIX = ".venv-building-"
+PIP_TIMEOUT_SECONDS = 3600.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentSpec:
+    """What one backend's worker needs installed.
+
+    :ivar name: the environment's name (``werk backends install NAME``; lower-case).
+    :ivar description: one line for ``werk backends list``.
+    :ivar requirements: pip requirement strings, installed together in one ``pip install``.
+    :ivar remove: distributions to uninstall afterwards (e.g. GPU builds pip pulls in that break
+        a CPU install).
+    :ivar imports: modules that must import in the finished environment (the install fails
+        otherwise).
+    :ivar environment: extra environment variables for pip and the import check.
+    """
+
+    name: str
+    description: str = ""
+    requirements: tuple[str, ...]
+    remove: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not set(self.name) <= _NAME_CHARS:
+            raise ValueError(f"environment name {self.name!r} must be lower-case [a-z0-9_-]")
+        if not self.requirements:
+            raise ValueError(f"environment {self.name!r} needs at least one requirement")
+
+    def digest(self) -> str:
+        """Identifies what is asked for; a changed digest makes an installed environment
+        outdated."""
+        body = json.dumps(
+            {
+                "requirements": list(self.requirements),
+                "remove": list(self.remove),
+                "imports": list(self.imports),
+                "environment": dict(sorted(self.environment.items())),
+                "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            },
+            sort_keys=True,
+        )
+        return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+class EnvironmentState(enum.StrEnum):
+    MISSING = "missing"
+    READY = "ready"
+    OUTDATED = "outdated"
+    BROKEN = "broken"
+
+
+@dataclass(frozen=True)
+class EnvironmentStatus:
+    """What ``werk backends list`` shows for one environment."""
+
+    name: str
+    state: EnvironmentState
+    path: Path
+    detail: str
+    installed_at: str | None = None
+    distributions: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InstallStep:
+    """Progress of an install: step ``index`` of ``total`` (``label``), and the latest line of
+    pip's output while a step runs (``None`` at the start of a step)."""
+
+    index: int
+    total: int
+    label: str
+    line: str | None = None
+
+
+Progress = Callable[[InstallStep], None]
+
+
+class ManagedEnvironment:
+    """One managed environment under ``home/backends/<name>/``."""
+
+    def __init__(self, home: Path, name: str) -> None:
+        if not name or not set(name) <= _NAME_CHARS:
+            raise InvalidRequest(f"environment name {name!r} must be lower-case [a-z0-9_-]")
+        self.name = name
+        self.root = home / "backends" / name
+        self.venv = self.root / "venv"
+        self.record_path = self.root / "environment.json"
+        self.log_path = self.root / "install.log"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def _record(self) -> dict[str, object] | None:
+        try:
+            data = json.loads(self.record_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("schema") == RECORD_SCHEMA else None
+
+    def status(self, spec: EnvironmentSpec | None = None) -> EnvironmentStatus:
+        """Whether the environment is installed, and for ``spec``'s current digest."""
+        record = self._record()
+        if record is None:
+            return EnvironmentStatus(
+                self.name,
+                EnvironmentState.MISSING,
+                self.venv,
+                f"run `werk backends install {self.name}`",
+            )
+        installed_at = record.get("installed_at")
+        raw = record.get("distributions")
+        dists = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+        at = str(installed_at) if installed_at else None
+        if not self.python.exists():
+            return EnvironmentStatus(
+                self.name,
+                EnvironmentState.BROKEN,
+                self.venv,
+                f"its python is gone; run `werk backends install {self.name}` again",
+                at,
+                dists,
+            )
+        if spec is not None and record.get("spec_digest") != spec.digest():
+            return EnvironmentStatus(
+                self.name,
+                EnvironmentState.OUTDATED,
+                self.venv,
+                f"installed for other requirements; run `werk backends install {self.name}`",
+                at,
+                dists,
+            )
+        return EnvironmentStatus(
+            self.name, EnvironmentState.READY, self.venv, "installed", at, dists
+        )
+
+    def ready_python(self, spec: EnvironmentSpec | None = None) -> Path | None:
+        """The environment's python when it is ready (for ``spec``), else ``None``."""
+        return self.python if self.status(spec).state is EnvironmentState.READY else None
+
+    # -- installing ------------------------------------------------------------------------------
+
+    def install(
+        self,
+        spec: EnvironmentSpec,
+        *,
+        progress: Progress | None = None,
+        base_python: Path | None = None,
+    ) -> EnvironmentStatus:
+        """Build, check and publish the environment (see the module docstring).
+
+        :param base_python: the interpreter to make the venv from (default: the one running
+            Werk, without its virtual environment).
+        :raises werk.Conflict: another install of this environment is running.
+        :raises werk.Unavailable: a step failed; the message names it and the log file.
+        """
+        if spec.name != self.name:
+            raise InvalidRequest(f"spec {spec.name!r} is not environment {self.name!r}")
+        report = progress or (lambda step: None)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock_fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise Conflict(f"an install of {self.name!r} is already running") from None
+            self._remove_leftovers()
+            building = self.root / (_TMP_PREFIX + secrets.token_hex(6))
+            try:
+                self._build(spec, building, report, base_python or _base_python())
+                self._publish(spec, building, report)
+            finally:
+                shutil.rmtree(building, ignore_errors=True)
+        finally:
+            os.close(lock_fd)
+        return self.status(spec)
+
+    def _steps(self, spec: EnvironmentSpec) -> list[str]:
+        steps = [
+            "create the virtual environment",
+            f"pip install {len(spec.requirements)} requirement(s)",
+        ]
+        if spec.remove:
+            steps.append(f"remove {', '.join(spec.remove)}")
+        steps += ["check the imports", "publish"]
+        return steps
+
+    def _build(self, spec: EnvironmentSpec, target: Path, report: Progress, base: Path) -> None:
+        steps = self._steps(spec)
+        total = len(steps)
+        python = target / "bin" / "python"
+        env = {**os.environ, **spec.environment, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        env.pop("PYTHONPATH", None)
+        env.pop("VIRTUAL_ENV", None)
+        with self.log_path.open("w", encoding="utf-8") as log:
+            index = 1
+            self._run(
+                index, total, steps[0], [str(base), "-m", "venv", str(target)], env, log, report
+            )
+            index += 1
+            self._run(
+                index,
+                total,
+                steps[1],
+                [str(python), "-m", "pip", "install", "--progress-bar", "off", *spec.requirements],
+                env,
+                log,
+                report,
+            )
+            if spec.remove:
+                index += 1
+                self._run(
+                    index,
+                    total,
+                    steps[index - 1],
+                    [str(python), "-m", "pip", "uninstall", "-y", *spec.remove],
+                    env,
+                    log,
+                    report,
+                )
+            index += 1
+            check = "; ".join(f"import {module}" for module in spec.imports) or "pass"
+            self._run(index, total, steps[index - 1], [str(python), "-c", check], env, log, report)
+
+    def _run(
+        self,
+        index: int,
+        total: int,
+        label: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log: TextIO,
+        report: Progress,
+    ) -> None:
+        report(InstallStep(index, total, label))
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        deadline = time.monotonic() + PIP_TIMEOUT_SECONDS
+        with subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            text=True,
+            errors="replace",
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                text = line.strip()
+                if text and not text.startswith("WARNING:"):  # in the log, not the display
+                    report(InstallStep(index, total, label, text[:200]))
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    break
+            code = proc.wait()
+        log.flush()
+        if code != 0:
+            raise Unavailable(
+                f"installing environment {self.name!r} failed at '{label}' (exit {code}); "
+                f"see {self.log_path}",
+                retryable=False,
+            )
+
+    def _distributions(self, python: Path) -> dict[str, str]:
+        code = (
+            "import importlib.metadata as m, json; "
+            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+        )
+        done = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=120, check=False
+        )
+        try:
+            data = json.loads(done.stdout)
+        except ValueError:
+            return {}
+        return {str(k): str(v) for k, v in sorted(data.items())}
+
+    def _publish(self, spec: EnvironmentSpec, building: Path, report: Progress) -> None:
+        steps = self._steps(spec)
+        report(InstallStep(len(steps), len(steps), steps[-1]))
+        dists = self._distributions(building / "bin" / "python")
+        # The old record goes first, the venv swap next, the new record last: a crash at any
+        # point leaves no record (MISSING: install again) or a complete new environment.
+        dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink("environment.json", dir_fd=dir_fd)
+            old = self.root / (_TMP_PREFIX + "old-" + secrets.token_hex(6))
+            if self.venv.exists():
+                os.rename(self.venv, old)
+            os.rename(building, self.venv)
+            shutil.rmtree(old, ignore_errors=True)
+            record = {
+                "schema": RECORD_SCHEMA,
+                "name": spec.name,
+                "spec_digest": spec.digest(),
+                "requirements": list(spec.requirements),
+                "removed": list(spec.remove),
+                "python": sys.version.split()[0],
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "distributions": dists,
+            }
+            data = (json.dumps(record, indent=1) + "\n").encode()
+            replace_private_file(dir_fd, "environment.json", data)
+        finally:
+            os.close(dir_fd)
+
+    def _remove_leftovers(self) -> None:
+        for entry in self.root.iterdir():
+            if entry.name.startswith(_TMP_PREFIX) and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _base_python() -> Path:
+    """The interpreter without its virtual environment (a venv made from a venv's python
+    would depend on that venv)."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    return Path(base)
