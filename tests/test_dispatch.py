@@ -326,3 +326,54 @@ def test_register_commands_goes_through_the_plugin_manager(make_pm: MakePM) -> N
     result = CliRunner().invoke(root, ["models", "count-cmds"])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "0 cmds models"
+
+
+class _Offers:
+    """A plugin offering one environment and one demo kind."""
+
+    def __init__(self, backend: str, env_name: str, kind: str) -> None:
+        self.backend, self.env_name, self.kind = backend, env_name, kind
+
+    @hookimpl
+    def werk_register_backends(self, register: Callable[[BackendDescriptor], None]) -> None:
+        register(BackendDescriptor(name=self.backend))
+
+    @hookimpl
+    def werk_backend_environments(self) -> list[werk.EnvironmentSpec]:
+        return [werk.EnvironmentSpec(name=self.env_name, requirements=("tinypkg==1.0",))]
+
+    @hookimpl
+    def werk_demo_models(self) -> list[werk.DemoModel]:
+        return [werk.DemoModel(kind=self.kind, backend=self.backend, description="d", create=list)]
+
+
+def test_environments_and_demo_kinds_are_collected_through_the_plugin_manager(
+    make_pm: MakePM,
+) -> None:
+    from werk.cli.backends import environment_specs
+    from werk.cli.models import demo_models
+
+    pm = make_pm(
+        ("werk-a", _Offers("a", "env-a", "kind-a")), ("werk-b", _Offers("b", "env-b", "kind-b"))
+    )
+    specs = environment_specs(pm)
+    assert {name: plugin for name, (plugin, _) in specs.items()} == {
+        "env-a": "werk-a",
+        "env-b": "werk-b",
+    }
+    kinds = demo_models(pm)
+    assert {kind: (plugin, d.backend) for kind, (plugin, d) in kinds.items()} == {
+        "kind-a": ("werk-a", "a"),
+        "kind-b": ("werk-b", "b"),
+    }
+
+
+def test_two_plugins_offering_the_same_environment_or_kind_is_an_error(make_pm: MakePM) -> None:
+    from werk.cli.backends import environment_specs
+    from werk.cli.models import demo_models
+
+    pm = make_pm(("werk-a", _Offers("a", "same", "same")), ("werk-b", _Offers("b", "same", "same")))
+    with pytest.raises(werk.InvalidRequest, match="'same' is described by werk-a and werk-b"):
+        environment_specs(pm)
+    with pytest.raises(werk.InvalidRequest, match="'same' is offered by werk-a and werk-b"):
+        demo_models(pm)
