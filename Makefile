@@ -9,7 +9,11 @@ STAMP := $(VENV)/.werk-setup
 PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/werk-media
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: setup llama-server demo serve test lint typecheck pytest clean
+.PHONY: setup llama-server vllm-env demo serve test lint typecheck pytest clean
+
+# The test suite's managed backend environments (multi-gigabyte), cached across runs like the
+# llama-server build; `werk backends install` is a no-op with --if-needed once one is ready.
+TEST_BACKENDS ?= $(HOME)/.cache/werk/backends
 
 $(STAMP): $(PYPROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +26,10 @@ setup: $(STAMP)
 # Build (once per llama.cpp source version; cached under ~/.cache/werk) the real llama-server.
 llama-server: setup
 	$(BIN)/python scripts/build_llama_server.py
+
+# vLLM's CPU build in a managed environment (werk backends install vllm), for the vLLM tests.
+vllm-env: setup
+	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install vllm --if-needed
 
 # The embedded default model: a small generated GGUF imported as `demo` (idempotent).
 demo: llama-server
@@ -37,8 +45,8 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup llama-server
-	$(BIN)/pytest
+pytest: setup llama-server vllm-env
+	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/pytest
 
 test: lint typecheck pytest
 

@@ -2,7 +2,9 @@
 
 A plugin describes what its worker needs with an :class:`EnvironmentSpec` (returned from
 :func:`~werk.hookspecs.werk_backend_environments`); ``werk backends install NAME`` builds it
-with :class:`ManagedEnvironment` under ``WERK_HOME/backends/<name>/``::
+with :class:`ManagedEnvironment` under ``WERK_HOME/backends/<name>/`` (or
+``$WERK_BACKENDS_DIR/<name>/`` when that is set: several homes, or a test suite, can share one
+multi-gigabyte install)::
 
     venv/               the environment (python -m venv, then pip); run it as venv/bin/python
     environment.json    what was installed: the spec's digest, python, every distribution
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ._fs import replace_private_file
+from .config import backends_dir
 from .protocol import Conflict, InvalidRequest, Unavailable
 
 __all__ = [
@@ -138,7 +141,7 @@ class ManagedEnvironment:
         if not name or not set(name) <= _NAME_CHARS:
             raise InvalidRequest(f"environment name {name!r} must be lower-case [a-z0-9_-]")
         self.name = name
-        self.root = home / "backends" / name
+        self.root = backends_dir(home) / name
         self.venv = self.root / "venv"
         self.record_path = self.root / "environment.json"
         self.log_path = self.root / "install.log"

@@ -11,7 +11,7 @@ import sys
 import typer
 
 from ..config import werk_home
-from ..environments import EnvironmentSpec, InstallStep, ManagedEnvironment
+from ..environments import EnvironmentSpec, EnvironmentState, InstallStep, ManagedEnvironment
 from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import InvalidRequest
 from ._app import app
@@ -119,6 +119,9 @@ def install(
     name: str = typer.Argument(
         ..., metavar="NAME", help="The environment (see `werk backends list`)."
     ),
+    if_needed: bool = typer.Option(
+        False, "--if-needed", help="Do nothing when NAME is already installed for its current spec."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Create (or replace) the managed environment NAME: a new virtual environment, pip
@@ -134,10 +137,12 @@ def install(
                 f"no installed plugin describes environment {name!r} (known: {known})"
             )
         environment = ManagedEnvironment(werk_home(), name)
-        try:
-            status = environment.install(specs[name][1], progress=printer)
-        finally:
-            printer.done()
+        status = environment.status(specs[name][1])
+        if not (if_needed and status.state is EnvironmentState.READY):
+            try:
+                status = environment.install(specs[name][1], progress=printer)
+            finally:
+                printer.done()
     if as_json:
         emit_json(
             {

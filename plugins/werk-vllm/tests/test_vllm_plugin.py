@@ -8,6 +8,7 @@ are ``unavailable``; named states and split prefill/decode are ``unsupported``;
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
@@ -62,9 +63,13 @@ def _core(rows: list[CapabilityReport], backend: str) -> dict[str, str]:
 
 @pytest.fixture
 def path_without_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No vLLM anywhere: an empty PATH, no managed environment, no WERK_VLLM_PYTHON."""
     empty = tmp_path / "bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WERK_BACKENDS_DIR", str(tmp_path / "backends"))
+    monkeypatch.delenv("WERK_VLLM_PYTHON", raising=False)
     return empty
 
 
@@ -81,18 +86,20 @@ def test_local_without_vllm_installed(path_without_vllm: Path) -> None:
     rows = _rows("vllm")
     assert _core(rows, "vllm") == NO_PROCESS_COLUMN
     residency = next(r for r in rows if r.id == "runtime.model_residency")
-    assert "vllm" in (residency.reason or "")
+    assert residency.reason == "vLLM is not installed; run `werk backends install vllm`"
 
 
-def test_local_with_vllm_installed_but_no_process(path_without_vllm: Path) -> None:
-    fake = path_without_vllm / "vllm"
-    fake.write_text("#!/bin/sh\nexit 0\n")
-    fake.chmod(0o755)
+def test_local_with_a_configured_python_but_no_process(
+    path_without_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WERK_VLLM_PYTHON", sys.executable)
     model = ModelSpec(id="qwen", backend="vllm", identity="sha256:" + "b" * 64)
     rows = _rows("vllm", model)
-    # An installed CLI is not an active process: still unavailable, never supported.
+    # A vLLM to run is not an active process: still unavailable, never supported.
     assert _core(rows, "vllm") == NO_PROCESS_COLUMN
     assert all(r.model == "qwen" for r in rows)
+    residency = next(r for r in rows if r.id == "runtime.model_residency")
+    assert "does not start vLLM processes yet" in (residency.reason or "")
 
 
 def test_remote_without_an_endpoint() -> None:

@@ -1,14 +1,17 @@
 """Werk hook implementations for vLLM: a Werk-started local server and a remote endpoint.
 
-Until the process manager lands, rows are reported for the state Werk can prove now: no active
-process, so residency and the automatic prefix cache are ``unavailable``. The plugin implements
+``werk backends install vllm`` builds vLLM's environment (:mod:`.environment`) and
+``werk models create-demo --kind vllm`` writes a tiny model with it. Until the process manager
+lands, rows are reported for the state Werk can prove now: no active process, so residency and
+the automatic prefix cache are ``unavailable`` (the reason names the install command when vLLM
+is missing). The plugin implements
 no state, prefill/decode or expert hook, so the host reports those rows ``unsupported``
 (backend contract 1.1); nothing here repeats that.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 from collections.abc import Callable
 
 from werk import (
@@ -17,8 +20,12 @@ from werk import (
     CapabilityId,
     CapabilityReport,
     CapabilityStatus,
+    DemoModel,
+    EnvironmentSpec,
     hookimpl,
 )
+
+from .environment import DEMO, INSTALL_HINT, environment_spec, managed_python
 
 LOCAL = "vllm"
 REMOTE = "vllm-remote"
@@ -43,13 +50,29 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
 
 
 @hookimpl
+def werk_backend_environments() -> list[EnvironmentSpec]:
+    """``werk backends install vllm``: vLLM's CPU build here, the CUDA build with a GPU."""
+    return [environment_spec()]
+
+
+@hookimpl
+def werk_demo_models() -> list[DemoModel]:
+    """``werk models create-demo --kind vllm``: a tiny Llama written by vLLM's environment."""
+    return [DEMO]
+
+
+def _local_prerequisite() -> str:
+    if os.environ.get("WERK_VLLM_PYTHON"):
+        return "WERK_VLLM_PYTHON is set, but Werk does not start vLLM processes yet"
+    if managed_python() is None:
+        return f"vLLM is not installed; {INSTALL_HINT}"
+    return "vLLM is installed (managed environment), but Werk does not start vLLM processes yet"
+
+
+@hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     if context.backend == LOCAL:
-        if shutil.which("vllm") is None:
-            why = "no `vllm` executable on PATH"
-        else:
-            why = "no active Werk-started vLLM process"
-        no_endpoint = why
+        no_endpoint = _local_prerequisite()
     else:
         no_endpoint = "no remote vLLM endpoint is configured"
     rows = [
