@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import werk
+from werk.config import BACKENDS_ENV
 from werk.plugins import LOAD_ENV, TRACE_ENV
 
 
@@ -24,6 +25,9 @@ def _hermetic_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """A developer's ``WERK_LOAD_PLUGINS``/``WERK_TRACE_PLUGINS`` must not change test outcomes."""
     monkeypatch.delenv(LOAD_ENV, raising=False)
     monkeypatch.delenv(TRACE_ENV, raising=False)
+    # `make test` shares the vLLM environment through WERK_BACKENDS_DIR; tests of the host's
+    # environments must build theirs under their own WERK_HOME.
+    monkeypatch.delenv(BACKENDS_ENV, raising=False)
 
 
 @pytest.fixture

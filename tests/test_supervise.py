@@ -201,3 +201,54 @@ def test_work_dirs_are_private_locked_and_swept_only_when_their_owner_is_gone(
     live.release()
     live.release()  # idempotent
     assert not live.path.exists()
+
+
+def test_a_guarded_group_dies_with_its_spawner_helpers_included(tmp_path: Path) -> None:
+    """``guard_group``: a program that starts helpers of its own (vLLM's engine) leaves none
+    behind when the spawning process is SIGKILLed (the helpers have no parent-death signal)."""
+    helper_file = tmp_path / "helper"
+    spawner = textwrap.dedent(
+        f"""
+        import pathlib, time
+        from werk.supervise import SupervisedProcess
+        log = pathlib.Path({str(tmp_path / "log")!r})
+        script = "sleep 60 & echo $! > {helper_file}; sleep 60"
+        child = SupervisedProcess.spawn(["sh", "-c", script], log_path=log, guard_group=True)
+        pathlib.Path({str(tmp_path / "pid")!r}).write_text(str(child.pid))
+        time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", spawner])
+    try:
+        deadline = time.monotonic() + 30
+        while not (helper_file.exists() and helper_file.read_text().strip()):
+            assert time.monotonic() < deadline, "the helper never started"
+            time.sleep(0.02)
+        guardian = int((tmp_path / "pid").read_text())
+        helper = int(helper_file.read_text())
+        group = _group(guardian)
+        assert helper in group and len(group) >= 3  # guardian, sh, the helper sleep
+        proc.kill()
+        proc.wait()
+        assert all(_wait_gone(pid, 10) for pid in group), _group(guardian)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.anyio
+async def test_a_guarded_program_reports_its_own_exit_status(tmp_path: Path) -> None:
+    child = SupervisedProcess.spawn(
+        ["sh", "-c", "echo from the program; exit 5"], log_path=tmp_path / "log", guard_group=True
+    )
+    with anyio.fail_after(30):
+        while child.poll() is None:
+            await anyio.sleep(0.02)
+    assert child.returncode == 5
+    assert child.log_tail() == "from the program\n"
+    sleeper = SupervisedProcess.spawn(["sleep", "60"], log_path=tmp_path / "s", guard_group=True)
+    with anyio.fail_after(30):  # the guardian is up and has started the program
+        while len(_group(sleeper.pid)) < 2:
+            await anyio.sleep(0.02)
+    assert await sleeper.terminate(grace=5) == 128 + signal.SIGTERM  # graceful: via the program

@@ -78,6 +78,7 @@ from .supervise import (
     sweep_stale_workdirs,
     wait_until_ready,
 )
+from .upstream import UpstreamSSE, openai_upstream
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -139,6 +140,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Unsupported",
+    "UpstreamSSE",
     "WerkError",
     "WerkPluginManager",
     "WerkTimeout",
@@ -152,6 +154,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "listens_on",
+    "openai_upstream",
     "replace_private_file",
     "sweep_stale_workdirs",
     "wait_until_ready",

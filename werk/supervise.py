@@ -66,15 +66,35 @@ TERM_GRACE_SECONDS = 5.0
 LOG_TAIL_BYTES = 16 * 1024
 READY_POLL_MAX_SECONDS = 0.1
 
-# argv: [python, -I, -S, -c, SHIM, parent_pid, program, args...]; exits 127 if exec fails.
+# argv: [python, -I, -S, -c, SHIM, parent_pid, guard, program, args...]; exits 127 when the
+# program cannot be executed. guard "0": prctl, then exec the program (it *is* the child).
+# guard "1": the shim stays as the group's guardian: it runs the program as its own child, and
+# when Werk dies (parent-death signal SIGUSR2) SIGKILLs the whole process group, helpers the
+# program started included; when the program exits it exits with the program's status
+# (128 + N for a signal N), and Werk then stops the rest of the group.
 _PDEATHSIG_SHIM = (
-    "import ctypes,os,sys\n"
+    "import ctypes,os,signal,sys\n"
+    "guard=sys.argv[2]=='1'\n"
     "if sys.platform.startswith('linux'):\n"
-    " ctypes.CDLL(None,use_errno=True).prctl(1,9,0,0,0)\n"
+    " sig=signal.SIGUSR2 if guard else signal.SIGKILL\n"
+    " if guard: signal.signal(sig,lambda n,f: os.killpg(0,signal.SIGKILL))\n"
+    " ctypes.CDLL(None,use_errno=True).prctl(1,int(sig),0,0,0)\n"
     " os.getppid()==int(sys.argv[1]) or os._exit(1)\n"
-    "try: os.execv(sys.argv[2],sys.argv[2:])\n"
-    "except OSError as e:\n"
-    " print('werk: cannot execute',sys.argv[2],e,file=sys.stderr); os._exit(127)\n"
+    "def run():\n"
+    " try: os.execv(sys.argv[3],sys.argv[3:])\n"
+    " except OSError as e:\n"
+    "  print('werk: cannot execute',sys.argv[3],e,file=sys.stderr); os._exit(127)\n"
+    "if not guard: run()\n"
+    "signal.signal(signal.SIGTERM,signal.SIG_IGN); signal.signal(signal.SIGINT,signal.SIG_IGN)\n"
+    "pid=os.fork()\n"
+    "if pid==0:\n"
+    " signal.signal(signal.SIGTERM,signal.SIG_DFL); signal.signal(signal.SIGINT,signal.SIG_DFL)\n"
+    " signal.signal(signal.SIGUSR2,signal.SIG_DFL); run()\n"
+    "while True:\n"
+    " try: _,status=os.waitpid(pid,0); break\n"
+    " except InterruptedError: continue\n"
+    "code=os.waitstatus_to_exitcode(status)\n"
+    "os._exit(code if code>=0 else 128-code)\n"
 )
 
 
@@ -204,10 +224,18 @@ class SupervisedProcess:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         name: str = "",
+        guard_group: bool = False,
     ) -> SupervisedProcess:
         """Start ``argv`` (call from the event-loop thread: see the module docstring).
 
         stdin is ``/dev/null``; stdout and stderr go to ``log_path`` (created 0600, truncated).
+
+        :param guard_group: for a program that starts helper processes of its own (vLLM's
+            engine): a guardian (the exec shim, staying alive as the group leader) runs the
+            program as its child and SIGKILLs the whole group when Werk dies, so no helper
+            outlives even a SIGKILLed Werk. The process's ``pid`` is then the guardian's (check
+            readiness over the program's socket, not by pid), and a signal ``N`` that ended the
+            program shows as exit status ``128 + N``.
         """
         program = str(argv[0])
         if os.sep not in program:
@@ -223,6 +251,7 @@ class SupervisedProcess:
                     "-c",
                     _PDEATHSIG_SHIM,
                     str(os.getpid()),
+                    "1" if guard_group else "0",
                     program,
                     *map(str, argv[1:]),
                 ],

@@ -73,7 +73,8 @@ class WerkServer:
     def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
         """An ``httpx.Client`` for the server (with ``Authorization: Bearer KEY`` if given)."""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kwargs)
+        kwargs.setdefault("timeout", 30)
+        return httpx.Client(base_url=self.base_url, headers=headers, **kwargs)
 
     def log(self) -> str:
         """Everything the server wrote to stdout and stderr so far."""

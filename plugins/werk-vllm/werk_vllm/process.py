@@ -1,0 +1,223 @@
+"""One Werk-started local vLLM OpenAI server per model runtime (backend ``vllm``).
+
+The child is ``<python> -m vllm.entrypoints.openai.api_server --model DIR --host 127.0.0.1
+--port <free> --served-model-name <id> --api-key <random> --enable-prompt-tokens-details``
+plus ``WERK_VLLM_ARGS`` (shell-split; a reserved flag there is an error before anything
+starts). It is a :class:`werk.SupervisedProcess` with ``guard_group``: its own process group
+(vLLM's API server starts an engine core and workers, and stopping only the server would orphan
+them), guarded so that even a SIGKILLed Werk takes the whole group along, exit detection, stop
+by group. Readiness is ``/health`` and then ``/v1/models``,
+polled up to ``WERK_VLLM_HEALTH_TIMEOUT_SECONDS`` (default 300; the tiny demo model takes about
+60 s on two cores). On a CPU build ``VLLM_CPU_KVCACHE_SPACE`` (GiB) defaults to a quarter of
+the available memory, at most 4; an explicit value wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from werk import (
+    BackendError,
+    CapabilityId,
+    InvalidRequest,
+    ModelSpec,
+    ProcessExited,
+    Runtime,
+    SupervisedProcess,
+    Unavailable,
+    WorkDir,
+    free_port,
+    wait_until_ready,
+    werk_home,
+)
+
+from .environment import INSTALL_HINT, managed_python
+
+__all__ = ["VllmHandle", "check_alive", "launch_args", "start_runtime", "stop_runtime"]
+
+log = logging.getLogger("werk.vllm")
+
+ARGS_ENV = "WERK_VLLM_ARGS"
+PYTHON_ENV = "WERK_VLLM_PYTHON"
+TIMEOUT_ENV = "WERK_VLLM_HEALTH_TIMEOUT_SECONDS"
+KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+RESERVED = ("--model", "--host", "--port", "--served-model-name", "--api-key")
+ENABLE_APC, DISABLE_APC = "--enable-prefix-caching", "--no-enable-prefix-caching"
+_TAIL_ERROR = re.compile(r"(Error|error|ERROR)[:\s].*$")
+
+
+@dataclass(eq=False)
+class VllmHandle:
+    """What a vLLM runtime holds: the child, its loopback client, its effective arguments."""
+
+    process: SupervisedProcess
+    workdir: WorkDir
+    http: httpx.AsyncClient
+    args: tuple[str, ...]
+    stopped: bool = field(default=False)
+
+
+def _python() -> Path:
+    configured = os.environ.get(PYTHON_ENV)
+    if configured:
+        path = Path(configured)
+        if not os.access(path, os.X_OK):
+            raise Unavailable(
+                f"{PYTHON_ENV}={configured} is not an executable",
+                capability=CapabilityId.MODEL_RESIDENCY,
+            )
+        return path
+    found = managed_python()
+    if found is None:
+        raise Unavailable(
+            f"vLLM is not installed; {INSTALL_HINT}", capability=CapabilityId.MODEL_RESIDENCY
+        )
+    return found
+
+
+def user_args() -> list[str]:
+    """``WERK_VLLM_ARGS`` split like a shell would; a reserved flag is an ``InvalidRequest``."""
+    try:
+        args = shlex.split(os.environ.get(ARGS_ENV, ""))
+    except ValueError as exc:
+        raise InvalidRequest(f"{ARGS_ENV} is not valid shell syntax: {exc}") from None
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED:
+            raise InvalidRequest(f"{ARGS_ENV} may not set {flag}: Werk chooses it")
+    return args
+
+
+def launch_args(model_dir: Path, model_id: str, port: int, api_key: str) -> list[str]:
+    """The server's arguments (the API key included: never log these)."""
+    return [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        model_id,
+        "--api-key",
+        api_key,
+        "--enable-prompt-tokens-details",
+        *user_args(),
+    ]
+
+
+def _kv_space_gib() -> str:
+    available = psutil.virtual_memory().available
+    return str(max(1, min(4, available // (4 * 2**30))))
+
+
+def _model_dir(spec: ModelSpec) -> Path:
+    for path in spec.files:
+        if path.name == "config.json":
+            return path.parent
+    raise InvalidRequest(f"model {spec.id!r} has no config.json: not a vLLM model directory")
+
+
+def _startup_failure(tail: str) -> str:
+    """The last error line of the child's log, bounded and without paths."""
+    for line in reversed(tail.splitlines()):
+        found = _TAIL_ERROR.search(line)
+        if found:
+            text = re.sub(r"(?<![\w.])/[^\s'\"]+", "<path>", found.group(0)).strip()
+            return text[:200]
+    return "no error message in its log"
+
+
+async def start_runtime(spec: ModelSpec) -> Runtime:
+    """``BackendDescriptor.start``: spawn, wait for readiness, describe."""
+    python = _python()
+    model_dir = _model_dir(spec)
+    generation = "g_" + secrets.token_hex(8)
+    port, api_key = free_port(), secrets.token_urlsafe(32)
+    argv = launch_args(model_dir, spec.id, port, api_key)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.setdefault(KV_SPACE_ENV, _kv_space_gib())
+    workdir = WorkDir.create(werk_home() / "backends" / "vllm-runs", generation)
+    process = SupervisedProcess.spawn(
+        [python, *argv], log_path=workdir.path / "server.log", env=env, cwd=workdir.path,
+        name="vllm", guard_group=True,
+    )  # fmt: skip
+    http = httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}",
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0),
+        trust_env=False,
+    )
+
+    async def ready() -> bool:
+        try:
+            if (await http.get("/health", timeout=2.0)).status_code != 200:
+                return False
+            return (await http.get("/v1/models", timeout=5.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    timeout = float(os.environ.get(TIMEOUT_ENV, "300"))
+    try:
+        await wait_until_ready(process, ready, timeout=timeout, what="vLLM")
+    except ProcessExited as exc:
+        tail = process.log_tail()
+        log.error(
+            "vLLM for %s exited with %s during startup; log tail:\n%s", spec.id, exc.code, tail
+        )
+        process.kill_now()
+        await http.aclose()
+        workdir.release()
+        raise BackendError(f"vLLM exited during startup: {_startup_failure(tail)}") from None
+    except BaseException:
+        process.kill_now()
+        await http.aclose()
+        workdir.release()
+        raise
+    public = tuple(a for a in argv[2:] if a != api_key)
+    handle = VllmHandle(process=process, workdir=workdir, http=http, args=public)
+    runtime = Runtime(
+        backend=spec.backend, model=spec, generation=generation, handle=handle, args=public
+    )
+
+    def died(code: int) -> None:
+        if not handle.stopped:
+            runtime.alive = False
+            log.error(
+                "vLLM for %s exited with %s; log tail:\n%s", spec.id, code, process.log_tail(4096)
+            )
+
+    process.on_exit(died)
+    process.watch()
+    log.info("vLLM %s ready for model %s on port %s", process.pid, spec.id, port)
+    return runtime
+
+
+def check_alive(runtime: Runtime) -> bool:
+    handle = runtime.handle
+    if isinstance(handle, VllmHandle) and (handle.stopped or handle.process.poll() is not None):
+        runtime.alive = False
+    return runtime.alive
+
+
+async def stop_runtime(runtime: Runtime) -> None:
+    """``BackendDescriptor.stop``: stop the whole process group (the engine too), reap, clean."""
+    handle = runtime.handle
+    runtime.alive = False
+    if not isinstance(handle, VllmHandle) or handle.stopped:
+        return
+    handle.stopped = True
+    await handle.process.terminate(grace=10.0)
+    await handle.http.aclose()
+    handle.workdir.release()
