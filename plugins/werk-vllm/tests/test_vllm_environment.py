@@ -93,5 +93,7 @@ def test_create_demo_writes_a_deterministic_tiny_model_with_vllms_environment(
     assert again.returncode == 0, again.stderr
     assert again.stdout.split()[-1] == identity  # same seed, same bytes, same identity
     row = _residency(home, BACKENDS, "tiny-vllm")
-    assert row["status"] == "unavailable"  # installed, but no process manager yet
-    assert "vLLM is installed (managed environment)" in row["reason"]
+    assert row["status"] == "unavailable"  # installed; `werk capabilities` starts no process
+    assert row["reason"] == (
+        "no active Werk-started vLLM process; the first request for the model starts one"
+    )

@@ -99,7 +99,7 @@ def test_local_with_a_configured_python_but_no_process(
     assert _core(rows, "vllm") == NO_PROCESS_COLUMN
     assert all(r.model == "qwen" for r in rows)
     residency = next(r for r in rows if r.id == "runtime.model_residency")
-    assert "does not start vLLM processes yet" in (residency.reason or "")
+    assert residency.reason == "no active Werk-started vLLM process (WERK_VLLM_PYTHON is set)"
 
 
 def test_remote_without_an_endpoint() -> None:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -23,7 +23,8 @@ import psutil
 import pytest
 from werk_vllm.process import user_args
 
-from werk import InvalidRequest
+from werk import InvalidRequest, ModelRegistry
+from werk.testing import ConformanceReport
 from werk.testing.server import WerkServer, werk_serve
 
 WERK = Path(sys.executable).parent / "werk"
@@ -155,3 +156,19 @@ def test_sigkill_of_werk_serve_leaves_no_vllm_process(served: WerkServer) -> Non
     while _alive(family) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _alive(family) == [], "vLLM processes outlived the werk serve that started them"
+
+
+@pytest.mark.slow
+def test_vllm_passes_the_conformance_kit(
+    served: WerkServer,
+    werk_conformance: Callable[..., ConformanceReport],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kit starts its own vLLM (a second start) through the in-process control service."""
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "kit-home"))
+    spec = ModelRegistry(served.home).get(MODEL).spec()
+    report = werk_conformance("vllm", spec)
+    passed = {c.name for c in report.checks if c.passed}
+    assert {"/v1 streamed chat completion", "/v1 stream closed by the client"} <= passed
+    assert "/v1 malformed request refused" in passed, report.summary()
