@@ -288,11 +288,16 @@ class OpenAICall:
     :ivar route: ``chat.completions`` or ``completions``.
     :ivar body: the client's JSON object (``model`` already resolved to this runtime).
     :ivar stream: whether the client asked for SSE streaming.
+    :ivar cache_salt: a salt derived from the caller's principal with the server's namespace key
+        (never the API key, and not computable without that key). A backend whose prefix cache
+        is shared between requests must pass it on (vLLM's ``cache_salt``) so that one API key
+        cannot reuse, or time, another's cached prompts. ``None`` outside a server.
     """
 
     route: Literal["chat.completions", "completions"]
     body: dict[str, Any]
     stream: bool = False
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

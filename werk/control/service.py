@@ -70,6 +70,7 @@ from ..protocol import (
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
+from ..state.principals import cache_salt
 from .context import ServiceConfig
 from .gates import gate
 from .interface import StateQuery, WerkControl
@@ -335,9 +336,13 @@ class LocalControlService(WerkControl):
             raise InvalidRequest("'stream' must be a boolean")
         spec = self.spec(model)
         runtime = await self.runtimes.get(spec)
-        reply: OpenAIReply = await self.pm.call_operation(
-            Operation.OPENAI, runtime, call=OpenAICall(route=route, body=body, stream=stream)
+        call = OpenAICall(
+            route=route,
+            body=body,
+            stream=stream,
+            cache_salt=cache_salt(self.config.namespace_key, principal),
         )
+        reply: OpenAIReply = await self.pm.call_operation(Operation.OPENAI, runtime, call=call)
         if reply.stream is not None:
             return OpenAIReply(stream=_ContainedStream(reply.stream, spec.backend))
         return reply

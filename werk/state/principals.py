@@ -34,6 +34,7 @@ from typing import NoReturn
 from ..protocol.errors import Unavailable
 
 __all__ = [
+    "DOMAIN_CACHE_SALT",
     "DOMAIN_HANDOFF",
     "DOMAIN_PRINCIPAL",
     "DOMAIN_PROMPT",
@@ -43,6 +44,7 @@ __all__ = [
     "PRINCIPAL_PATTERN",
     "NamespaceKey",
     "NamespaceKeyError",
+    "cache_salt",
     "handoff_hash",
     "hmac_input",
     "is_principal",
@@ -64,6 +66,7 @@ DOMAIN_PRINCIPAL = b"werk/principal/v1"
 DOMAIN_PROMPT_KEY = b"werk/prompt-key/v1"
 DOMAIN_PROMPT = b"werk/prompt/v1"
 DOMAIN_HANDOFF = b"werk/handoff/v1"
+DOMAIN_CACHE_SALT = b"werk/cache-salt/v1"
 
 _AUTH_DIR = "auth"
 _KEY_FILE = "runtime-namespace.key"
@@ -234,6 +237,13 @@ def prompt_fingerprint(
     principal_key = key._derive(DOMAIN_PROMPT_KEY, principal.encode("utf-8"))
     digest = hmac.new(principal_key, hmac_input(DOMAIN_PROMPT, *fields), hashlib.sha256)
     return "pf_" + digest.hexdigest()
+
+
+def cache_salt(key: NamespaceKey, principal: str) -> str:
+    """A per-principal salt for backend prefix caches shared between requests (hex, 32
+    characters): the same principal always gets the same salt, and without the namespace key
+    nobody can compute another principal's."""
+    return key._derive(DOMAIN_CACHE_SALT, principal.encode("utf-8")).hex()[:32]
 
 
 def handoff_hash(key: NamespaceKey, token: str) -> str:

@@ -30,6 +30,7 @@ from werk.testing.server import WerkServer, werk_serve
 WERK = Path(sys.executable).parent / "werk"
 BACKENDS = os.environ.get("WERK_BACKENDS_DIR", "")
 MODEL = "tiny-vllm"
+KEY_A, KEY_B = "vllm-key-alpha-0123456789", "vllm-key-bravo-9876543210"
 LONG = "lorem ipsum dolor sit amet " * 20  # ~560 tokens with the byte-level tokenizer
 
 
@@ -79,14 +80,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WerkServer]:
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     extra = {"WERK_BACKENDS_DIR": BACKENDS, "WERK_VLLM_ARGS": "--enable-prefix-caching"}
-    with werk_serve(home, None, ["--model", MODEL], env=extra) as server:
+    args = ["--model", MODEL, "--api-key", KEY_A, "--api-key", KEY_B]
+    with werk_serve(home, None, args, env=extra) as server:
         yield server
 
 
-def _chat(server: WerkServer, content: str, **extra: object) -> httpx.Response:
+def _chat(
+    server: WerkServer, content: str, key: str = KEY_A, **extra: object
+) -> httpx.Response:
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
     body.update(extra)
-    with server.client(timeout=600) as http:
+    with server.client(key, timeout=600) as http:
         return http.post("/v1/chat/completions", json=body)
 
 
@@ -108,7 +112,7 @@ def test_streamed_chat_ends_with_a_finish_reason_and_done(served: WerkServer) ->
         "stream": True,
     }
     with (
-        served.client(timeout=600) as http,
+        served.client(KEY_A, timeout=600) as http,
         http.stream("POST", "/v1/chat/completions", json=body) as response,
     ):
         assert response.status_code == 200
@@ -123,7 +127,7 @@ def test_streamed_chat_ends_with_a_finish_reason_and_done(served: WerkServer) ->
 @pytest.mark.slow
 def test_rows_of_a_live_process(served: WerkServer) -> None:
     assert _chat(served, "hi").status_code == 200  # alive
-    with served.client() as http:
+    with served.client(KEY_A) as http:
         rows = http.get("/werk/v1/capabilities", params={"model": MODEL}).json()["capabilities"]
     by_id = {r["id"]: r for r in rows if r["backend"] == "vllm"}
     assert by_id["runtime.model_residency"]["status"] == "supported"
@@ -133,12 +137,27 @@ def test_rows_of_a_live_process(served: WerkServer) -> None:
     assert by_id["runtime.state.persistence"]["status"] == "unsupported"  # filled by the host
 
 
+def _cached(usage: dict[str, object]) -> int:
+    details = usage.get("prompt_tokens_details") or {}
+    assert isinstance(details, dict)
+    return int(details.get("cached_tokens") or 0)
+
+
 @pytest.mark.slow
-def test_a_repeated_long_prompt_reports_cached_tokens(served: WerkServer) -> None:
-    first = _chat(served, LONG, max_tokens=1).json()["usage"]
-    second = _chat(served, LONG, max_tokens=1).json()["usage"]
-    assert first["prompt_tokens"] == second["prompt_tokens"] > 128
-    assert (second.get("prompt_tokens_details") or {}).get("cached_tokens", 0) >= 128
+def test_a_repeated_long_prompt_reports_cached_tokens_only_to_its_own_key(
+    served: WerkServer,
+) -> None:
+    first = _chat(served, LONG, KEY_A, max_tokens=1).json()["usage"]
+    again = _chat(served, LONG, KEY_A, max_tokens=1).json()["usage"]
+    assert first["prompt_tokens"] == again["prompt_tokens"] > 128
+    assert _cached(again) >= 128  # A's repeat reuses A's blocks
+    # Key B sends A's prompt: Werk's per-principal cache_salt keeps A's blocks out of reach.
+    other = _chat(served, LONG, KEY_B, max_tokens=1).json()["usage"]
+    assert _cached(other) == 0
+    assert _cached(_chat(served, LONG, KEY_B, max_tokens=1).json()["usage"]) >= 128  # B's own
+    # A salt the client sends itself is replaced by Werk's.
+    forged = _chat(served, LONG + "!", KEY_B, max_tokens=1, cache_salt="x").json()["usage"]
+    assert _cached(forged) >= 128  # shares B's (salted) prefix blocks, not an unsalted cache
 
 
 @pytest.mark.slow

@@ -169,6 +169,10 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
         )
     body = dict(call.body)
     body["model"] = runtime.model.id
+    if call.cache_salt is not None:
+        # Werk's per-principal salt always wins over one the client sent: vLLM shares cached
+        # prefix blocks between requests with equal salts, i.e. between API keys otherwise.
+        body["cache_salt"] = call.cache_salt
     return await openai_upstream(
         handle.http, ROUTES[call.route], body, stream=call.stream, what="vLLM"
     )
