@@ -373,7 +373,7 @@ def test_two_plugins_offering_the_same_environment_or_kind_is_an_error(make_pm: 
     from werk.cli.models import demo_models
 
     pm = make_pm(("werk-a", _Offers("a", "same", "same")), ("werk-b", _Offers("b", "same", "same")))
-    with pytest.raises(werk.InvalidRequest, match="'same' is described by werk-a and werk-b"):
+    with pytest.raises(werk.InvalidRequest, match="'same' is offered by werk-a and werk-b"):
         environment_specs(pm)
     with pytest.raises(werk.InvalidRequest, match="'same' is offered by werk-a and werk-b"):
         demo_models(pm)

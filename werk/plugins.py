@@ -15,11 +15,11 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pluggy
@@ -40,7 +40,7 @@ from .backends import (
 )
 from .contract import complete_rows
 from .protocol.capabilities import CapabilityReport, CapabilityStatus
-from .protocol.errors import BackendError, Unsupported, WerkError
+from .protocol.errors import BackendError, InvalidRequest, Unsupported, WerkError
 from .protocol.info import PluginInfo, PluginStatus
 
 __all__ = [
@@ -68,6 +68,8 @@ RESULT_TYPES: dict[Operation, type] = {
     Operation.OPENAI: OpenAIReply,
 }
 """What each operation hook must return; anything else is the plugin's ``backend_error``."""
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("werk.plugins")
 _warned: set[str] = set()
@@ -244,6 +246,32 @@ class WerkPluginManager(pluggy.PluginManager):
         """``(plugin name, plugin)`` of every loaded plugin implementing ``hook_name``."""
         caller: pluggy.HookCaller = getattr(self.hook, hook_name)
         return [(self.get_name(i.plugin) or "?", i.plugin) for i in caller.get_hookimpls()]
+
+    def offers(
+        self, hook_name: str, item_type: type[_T], key: Callable[[_T], str], what: str
+    ) -> dict[str, tuple[str, _T]]:
+        """What every plugin offers through the argument-less hook ``hook_name`` (a sequence
+        of ``item_type``), by ``key``, with the plugin offering each.
+
+        :raises werk.InvalidRequest: an item of another type, or two items with one key (the
+            message names ``what`` and both plugins).
+        """
+        found: dict[str, tuple[str, _T]] = {}
+        for plugin_name, plugin in self.implementers(hook_name):
+            for result in self.call_plugin(plugin, hook_name):
+                for item in result or ():
+                    if not isinstance(item, item_type):
+                        raise InvalidRequest(
+                            f"plugin {plugin_name} returned a {type(item).__name__} from "
+                            f"{hook_name}, not a werk.{item_type.__name__}"
+                        )
+                    name = key(item)
+                    if name in found:
+                        raise InvalidRequest(
+                            f"{what} {name!r} is offered by {found[name][0]} and {plugin_name}"
+                        )
+                    found[name] = (plugin_name, item)
+        return found
 
     def call_plugin(self, plugin: object, hook_name: str, **kwargs: Any) -> Any:
         """Call ``hook_name`` on ``plugin`` alone, through pluggy (argument matching, tracing

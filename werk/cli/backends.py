@@ -30,19 +30,9 @@ def environment_specs(pm: WerkPluginManager) -> dict[str, tuple[str, Environment
 
     :raises werk.InvalidRequest: two plugins describe the same environment name.
     """
-    found: dict[str, tuple[str, EnvironmentSpec]] = {}
-    for plugin_name, plugin in pm.implementers("werk_backend_environments"):
-        for result in pm.call_plugin(plugin, "werk_backend_environments"):
-            for spec in result or ():
-                if not isinstance(spec, EnvironmentSpec):
-                    raise InvalidRequest(f"plugin {plugin_name} returned a non-EnvironmentSpec")
-                if spec.name in found:
-                    other = found[spec.name][0]
-                    raise InvalidRequest(
-                        f"environment {spec.name!r} is described by {other} and {plugin_name}"
-                    )
-                found[spec.name] = (plugin_name, spec)
-    return found
+    return pm.offers(
+        "werk_backend_environments", EnvironmentSpec, lambda spec: spec.name, "environment"
+    )
 
 
 @backends_app.command("list")

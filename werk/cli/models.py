@@ -113,19 +113,7 @@ def demo_models(pm: WerkPluginManager) -> dict[str, tuple[str, DemoModel]]:
 
     :raises werk.InvalidRequest: two plugins offer the same kind.
     """
-    found: dict[str, tuple[str, DemoModel]] = {}
-    for plugin_name, plugin in pm.implementers("werk_demo_models"):
-        for result in pm.call_plugin(plugin, "werk_demo_models"):
-            for demo in result or ():
-                if not isinstance(demo, DemoModel):
-                    raise InvalidRequest(f"plugin {plugin_name} returned a non-DemoModel")
-                if demo.kind in found:
-                    other = found[demo.kind][0]
-                    raise InvalidRequest(
-                        f"demo kind {demo.kind!r} is offered by {other} and {plugin_name}"
-                    )
-                found[demo.kind] = (plugin_name, demo)
-    return found
+    return pm.offers("werk_demo_models", DemoModel, lambda demo: demo.kind, "demo kind")
 
 
 @models_app.command("create-demo")
