@@ -12,7 +12,10 @@ processes"):
   Werk's SIGKILL included. Exit detection without polling (a ``pidfd`` watched by the event
   loop), reaping, :meth:`~SupervisedProcess.log_tail` for error messages, and
   :meth:`~SupervisedProcess.terminate`, which stops the **whole process group** (SIGTERM, a
-  grace period, then SIGKILL), so helper processes of the child (vLLM's engine) go too.
+  grace period, then SIGKILL), so helper processes of the child (vLLM's engine) go too. Helpers
+  have no parent-death signal of their own: for a program that starts some, spawn with
+  ``guard_group=True`` and the shim stays as the group's guardian, SIGKILLing the whole group
+  when Werk dies.
 * :func:`wait_until_ready` — readiness polling with a deadline that notices an early exit;
   :func:`free_port` and :func:`listens_on` for loopback ports.
 
@@ -21,8 +24,9 @@ plugin marks the old one dead, e.g. from an :meth:`~SupervisedProcess.on_exit` c
 
 **Parent-death signalling is fork-safe.** ``preexec_fn`` runs Python between ``fork`` and
 ``exec`` and can deadlock in a threaded server, so the child is started through a tiny shim
-(``python -S -c …``) that calls ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, checks that its parent is
-still the spawning process, and ``exec``\\ s the real program (the setting survives ``exec``).
+(``python -I -S -c …``) that calls ``prctl(PR_SET_PDEATHSIG, …)``, checks that its parent is
+still the spawning process, and ``exec``\\ s the real program (the setting survives ``exec``) or,
+with ``guard_group``, runs it as its child.
 Linux delivers the signal when the spawning *thread* exits: spawn from the long-lived
 event-loop thread, never from a worker thread (anyio retires idle worker threads after a few
 seconds, which would kill the child).
