@@ -183,6 +183,32 @@ async def test_a_slow_discovery_becomes_an_unavailable_row_within_the_bound(
     assert any("longer than" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.anyio
+async def test_a_hung_discovery_is_not_asked_again_until_it_finishes() -> None:
+    """A plugin that hangs costs one worker thread, not one per request; calls that answer in
+    time still run side by side."""
+    plugin = Sleepy(1.0)
+    pm = werk.get_plugin_manager(load_entrypoints=False, plugins=[("sleepy", plugin)])
+    context = CapabilityContext(backend="b", model=SPEC)
+    first = await pm.capabilities_bounded(context, timeout=0.1)
+    second = await pm.capabilities_bounded(context, timeout=0.1)
+    assert _by_id(first)["b.discovery"].reason == "capability discovery did not answer within 0.1s"
+    assert _by_id(second)["b.discovery"].reason == (
+        "an earlier capability discovery has not finished yet"
+    )
+    assert len(plugin.threads) == 1
+    await anyio.sleep(1.2)  # the first call has finished: the next one asks the plugin again
+    plugin.seconds = 0.0
+    third = await pm.capabilities_bounded(context, timeout=1.0)
+    assert _by_id(third)[CapabilityId.MODEL_RESIDENCY].status is CapabilityStatus.SUPPORTED
+    assert len(plugin.threads) == 2
+    plugin.seconds = 0.3  # slow but in time: concurrent calls all reach the plugin
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(pm.capabilities_bounded, context)
+    assert len(plugin.threads) == 5
+
+
 # -- operation results ---------------------------------------------------------------------------
 
 

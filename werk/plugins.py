@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -143,6 +144,9 @@ class WerkPluginManager(pluggy.PluginManager):
         self.records: dict[str, PluginRecord] = {}
         self.backends: dict[str, BackendDescriptor] = {}
         self._backend_owner: dict[str, str] = {}
+        self._discovery_lock = threading.Lock()
+        self._stuck: set[tuple[str, str | None]] = set()
+        """(backend, model) whose abandoned discovery is still running in its thread."""
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -319,17 +323,37 @@ class WerkPluginManager(pluggy.PluginManager):
         """:meth:`capabilities` in a worker thread, bounded by ``timeout`` seconds.
 
         The event loop never runs a plugin's discovery code. A plugin that does not answer in
-        time yields an ``unavailable`` ``<backend>.discovery`` row (its call finishes in the
-        background and is discarded) plus the rows its missing hooks rule out.
+        time yields an ``unavailable`` ``<backend>.discovery`` row plus the rows its missing
+        hooks rule out; its call finishes in the background and is discarded. Until that
+        abandoned call has finished, the same (backend, model) is not asked again (the row says
+        so at once), so a plugin that hangs costs one thread, not one per request. Calls that
+        answer in time may run concurrently, as before.
         """
+        record = self.owner_of(context.backend)
+        key = (context.backend, context.model.id if context.model else None)
+        with self._discovery_lock:
+            stuck = key in self._stuck
+        if stuck:
+            reason = "an earlier capability discovery has not finished yet"
+            return self._completed(context, record, [self._discovery_row(context, reason)])
+        finished = threading.Event()
+
+        def discover() -> list[CapabilityReport]:
+            try:
+                return self.capabilities(context)
+            finally:
+                with self._discovery_lock:
+                    finished.set()
+                    self._stuck.discard(key)
+
         result: list[CapabilityReport] | None = None
         with anyio.move_on_after(timeout):
-            result = await anyio.to_thread.run_sync(
-                self.capabilities, context, abandon_on_cancel=True
-            )
+            result = await anyio.to_thread.run_sync(discover, abandon_on_cancel=True)
         if result is not None:
             return result
-        record = self.owner_of(context.backend)
+        with self._discovery_lock:
+            if not finished.is_set():
+                self._stuck.add(key)  # cleared by the abandoned call when it ends
         log.warning("capability discovery in %s took longer than %.1fs", record.name, timeout)
         row = self._discovery_row(
             context, f"capability discovery did not answer within {timeout:g}s"

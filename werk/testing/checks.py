@@ -253,7 +253,6 @@ async def _check_openai(
         assert reply.stream is not None
         with anyio.fail_after(30):
             await reply.stream.__anext__()
-        closed = True
         with anyio.move_on_after(CLOSE_BOUND_SECONDS) as scope:
             await _aclose(reply.stream)
         closed = not scope.cancelled_caught
