@@ -10,6 +10,7 @@ console script fails to find its own metadata: Werk always runs
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,9 @@ INSTALL_HINT = "run `werk backends install vllm`"
 TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
 
 
+@functools.cache
 def _has_nvidia_gpu() -> bool:
+    """Asked once per process (capability discovery asks for the spec on every call)."""
     try:
         import pynvml
 
