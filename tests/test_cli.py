@@ -252,3 +252,23 @@ def test_serve_help_names_its_values() -> None:
         assert option in proc.stdout, proc.stdout
     assert "list[str]" not in proc.stdout and "<str>" not in proc.stdout
     assert "int range" not in proc.stdout
+
+
+def test_an_endpoint_backend_imports_a_model_without_files(werk_home: Path, tmp_path: Path) -> None:
+    done = run(
+        "models", "import", "--backend", "vllm-remote", "--id", "far", "--json", home=werk_home
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = msgspec.json.decode(done.stdout)
+    assert (manifest["id"], manifest["backend"], manifest["files"]) == ("far", "vllm-remote", [])
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    refused = {
+        "takes no files": ("models", "import", str(model), "--backend", "vllm-remote", "--id", "x"),
+        "needs model files": ("models", "import", "--backend", "llamacpp", "--id", "x"),
+        "cannot infer the backend": ("models", "import", "--id", "x"),
+    }
+    for message, args in refused.items():
+        failed = run(*args, home=werk_home)
+        assert failed.returncode == 1 and message in failed.stderr, (args, failed.stderr)
+    assert [m.name for m in (werk_home / "models").glob("*.json")] == ["far.json"]

@@ -83,7 +83,7 @@ async def test_a_transport_failure_is_unavailable() -> None:
 
 @pytest.mark.anyio
 async def test_a_stream_yields_data_payloads_split_anywhere_and_stops_at_done() -> None:
-    wire = b'data: {"a":1}\n\n: ping\n\ndata: {"b"' + b':2}\r\n\r\ndata: [DONE]\n\n'
+    wire = b'data: {"a":1}\n\n: ping\n\ndata: {"b"' + b":2}\r\n\r\ndata: [DONE]\n\n"
     body = Tracked([wire[:7], wire[7:30], wire[30:]])
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -127,4 +127,22 @@ async def test_an_error_event_mid_stream_is_a_backend_error() -> None:
         with pytest.raises(werk.BackendError, match="X failed while streaming") as caught:
             await reply.stream.__anext__()
         assert "secret" not in caught.value.message
+        await reply.stream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_stream_that_ends_without_done_is_a_backend_error() -> None:
+    """The backend went away mid-reply (e.g. its engine died): the consumer must not mistake
+    the truncated stream for a complete answer."""
+    body = Tracked([b'data: {"a":1}\n\n', b'data: {"b"'])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=body)
+
+    async with client(answer) as http:
+        reply = await openai_upstream(http, "/v1/completions", BODY, stream=True, what="X")
+        assert reply.stream is not None
+        assert await reply.stream.__anext__() == b'{"a":1}'
+        with pytest.raises(werk.BackendError, match="X ended its stream before finishing"):
+            await reply.stream.__anext__()
         await reply.stream.aclose()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from .protocol.capabilities import CapabilityId
-from .protocol.policy import Policy
+from .protocol.policy import PersistenceDefaults, Policy
 from .protocol.prefill import ChatMessage, FinishReason
 from .protocol.residency import ExpertTier
 
@@ -79,6 +79,12 @@ class ModelSpec:
     :ivar identity: ``sha256:…`` over the model's files (the manifest identity).
     :ivar files: absolute paths of the model's files.
     :ivar options: backend-specific options from the manifest.
+    :ivar persistence: the serving host's persistence defaults (``werk serve --persistence``
+        and its granular flags), ``None`` without them. A backend whose native cache is
+        switched by launch arguments reads it in ``start`` (local vLLM adds
+        ``--enable-prefix-caching``, or ``--no-enable-prefix-caching`` for reuse
+        ``disabled``); it is part of the spec, so a runtime started under other defaults is
+        never reused for it.
     """
 
     id: str
@@ -86,6 +92,7 @@ class ModelSpec:
     identity: str
     files: tuple[Path, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    persistence: PersistenceDefaults | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

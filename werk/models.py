@@ -141,11 +141,18 @@ class ModelRegistry:
         backend: str,
         options: dict[str, Any] | None = None,
         progress: Callable[[int], None] | None = None,
+        endpoint: bool = False,
     ) -> ModelManifest:
-        """Hash ``paths`` and record (or replace) the manifest for ``model_id``."""
+        """Hash ``paths`` and record (or replace) the manifest for ``model_id``.
+
+        :param endpoint: the backend serves a separately operated endpoint; the model has no
+            files (``paths`` must be empty) and its identity is that of the empty file list.
+        """
         validate_model_id(model_id)
-        if not paths:
+        if not paths and not endpoint:
             raise InvalidRequest("a model needs at least one file")
+        if paths and endpoint:
+            raise InvalidRequest("an endpoint model has no files")
         files = []
         for raw in paths:
             path = raw.expanduser().absolute()

@@ -85,9 +85,11 @@ class UpstreamSSE:
         try:
             chunk = await self._chunks.__anext__()
         except StopAsyncIteration:
-            self._done = True
             self._line(self._buffer)
             self._line(b"")
+            if not self._done:  # no [DONE]: the backend went away mid-reply
+                self._done = True
+                raise BackendError(f"{self._what} ended its stream before finishing") from None
             return
         except httpx.HTTPError as exc:
             self._done = True

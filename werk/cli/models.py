@@ -22,6 +22,8 @@ models_app = typer.Typer(
 app.add_typer(models_app, name="models")
 
 JSON_HELP = "Print JSON instead of a table."
+ENDPOINT_FORMAT = "openai-endpoint"
+"""A backend with this format serves a separately operated endpoint: its models have no files."""
 
 
 def _backend_for(paths: list[Path], backend: str | None) -> str:
@@ -71,7 +73,9 @@ def list_models(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -
 
 @models_app.command("import")
 def import_model(
-    paths: list[Path] = typer.Argument(..., help="Model file(s), e.g. a .gguf file."),
+    paths: list[Path] = typer.Argument(
+        None, help="Model file(s), e.g. a .gguf file; none for an endpoint backend."
+    ),
     model_id: str = typer.Option(..., "--id", help="The id clients will use (e.g. 'demo')."),
     backend: str | None = typer.Option(None, help="Backend name; inferred from the file type."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -79,11 +83,21 @@ def import_model(
     """Record a manifest for PATH under --id (files are referenced in place, not copied).
 
     Re-importing under the same id replaces the manifest; changed files give a new identity,
-    so a running server starts a new backend process for them.
+    so a running server starts a new backend process for them. A backend that serves a
+    separately operated endpoint takes no files: `werk models import --backend vllm-remote
+    --id remote` (the endpoint comes from that backend's environment variables).
     """
+    paths = paths or []
     with reporting_errors(as_json):
         chosen = _backend_for(paths, backend)
-        manifest = ModelRegistry(werk_home()).import_files(paths, model_id=model_id, backend=chosen)
+        endpoint = ENDPOINT_FORMAT in get_plugin_manager().backends[chosen].formats
+        if not paths and not endpoint:
+            raise InvalidRequest(f"backend {chosen!r} needs model files: give PATH")
+        if paths and endpoint:
+            raise InvalidRequest(f"backend {chosen!r} serves an endpoint: it takes no files")
+        manifest = ModelRegistry(werk_home()).import_files(
+            paths, model_id=model_id, backend=chosen, endpoint=endpoint
+        )
     if as_json:
         emit_json(manifest)
     else:

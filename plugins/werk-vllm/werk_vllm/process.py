@@ -1,15 +1,23 @@
 """One Werk-started local vLLM OpenAI server per model runtime (backend ``vllm``).
 
 The child is ``<python> -m vllm.entrypoints.openai.api_server --model DIR --host 127.0.0.1
---port <free> --served-model-name <id> --api-key <random> --enable-prompt-tokens-details``
-plus ``WERK_VLLM_ARGS`` (shell-split; a reserved flag there is an error before anything
-starts). It is a :class:`werk.SupervisedProcess` with ``guard_group``: its own process group
+--port <free> --served-model-name <id> --api-key <random>``, then the generated flags
+(``--enable-prompt-tokens-details``; with the server's persistence defaults
+``--enable-prefix-caching``, or ``--no-enable-prefix-caching`` for reuse ``disabled``, unless
+``WERK_VLLM_ARGS`` enables or disables it itself), then ``WERK_VLLM_ARGS`` (shell-split; a
+reserved flag there is an error before anything starts). Every generated flag must be
+advertised by the installation's ``--help=all`` (:mod:`.inspect`, once per installation), or
+nothing is spawned.
+
+The child is a :class:`werk.SupervisedProcess` with ``guard_group``: its own process group
 (vLLM's API server starts an engine core and workers, and stopping only the server would orphan
 them), guarded so that even a SIGKILLed Werk takes the whole group along, exit detection, stop
-by group. Readiness is ``/health`` and then ``/v1/models``,
-polled up to ``WERK_VLLM_HEALTH_TIMEOUT_SECONDS`` (default 300; the tiny demo model takes about
-60 s on two cores). On a CPU build ``VLLM_CPU_KVCACHE_SPACE`` (GiB) defaults to a quarter of
-the available memory, at most 4; an explicit value wins.
+by group. Readiness is ``/health`` and then ``/v1/models``, polled every 250 ms up to
+``WERK_VLLM_HEALTH_TIMEOUT_SECONDS`` (default 300; the tiny demo model takes about 60 s on two
+cores). On a CPU build ``VLLM_CPU_KVCACHE_SPACE`` (GiB) defaults to a quarter of the available
+memory, at most 4; an explicit value wins.
+
+:data:`LIVE` lists the processes alive now: the prefix-cache row is about all of them.
 """
 
 from __future__ import annotations
@@ -27,31 +35,40 @@ import psutil
 
 from werk import (
     BackendError,
-    CapabilityId,
     InvalidRequest,
     ModelSpec,
+    PersistenceDefaults,
     ProcessExited,
+    Reuse,
     Runtime,
     SupervisedProcess,
-    Unavailable,
     WorkDir,
     free_port,
     wait_until_ready,
     werk_home,
 )
 
-from .environment import INSTALL_HINT, managed_python
+from .installation import Inspection, Installation, inspect_vllm, locate, require_flags
 
-__all__ = ["VllmHandle", "check_alive", "launch_args", "start_runtime", "stop_runtime"]
+__all__ = [
+    "LIVE",
+    "VllmHandle",
+    "check_alive",
+    "generated_flags",
+    "launch_args",
+    "start_runtime",
+    "stop_runtime",
+    "user_args",
+]
 
 log = logging.getLogger("werk.vllm")
 
 ARGS_ENV = "WERK_VLLM_ARGS"
-PYTHON_ENV = "WERK_VLLM_PYTHON"
 TIMEOUT_ENV = "WERK_VLLM_HEALTH_TIMEOUT_SECONDS"
 KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 RESERVED = ("--model", "--host", "--port", "--served-model-name", "--api-key")
 ENABLE_APC, DISABLE_APC = "--enable-prefix-caching", "--no-enable-prefix-caching"
+PROMPT_DETAILS = "--enable-prompt-tokens-details"
 _TAIL_ERROR = re.compile(r"(Error|error|ERROR)[:\s].*$")
 
 
@@ -63,25 +80,16 @@ class VllmHandle:
     workdir: WorkDir
     http: httpx.AsyncClient
     args: tuple[str, ...]
+    installation: Installation
+    inspection: Inspection
     stopped: bool = field(default=False)
 
+    def alive(self) -> bool:
+        return not self.stopped and self.process.poll() is None
 
-def _python() -> Path:
-    configured = os.environ.get(PYTHON_ENV)
-    if configured:
-        path = Path(configured)
-        if not os.access(path, os.X_OK):
-            raise Unavailable(
-                f"{PYTHON_ENV}={configured} is not an executable",
-                capability=CapabilityId.MODEL_RESIDENCY,
-            )
-        return path
-    found = managed_python()
-    if found is None:
-        raise Unavailable(
-            f"vLLM is not installed; {INSTALL_HINT}", capability=CapabilityId.MODEL_RESIDENCY
-        )
-    return found
+
+LIVE: set[VllmHandle] = set()
+"""The Werk-started vLLM processes of this Werk process (a stopped or dead one leaves)."""
 
 
 def user_args() -> list[str]:
@@ -97,7 +105,24 @@ def user_args() -> list[str]:
     return args
 
 
-def launch_args(model_dir: Path, model_id: str, port: int, api_key: str) -> list[str]:
+def generated_flags(persistence: PersistenceDefaults | None, user: list[str]) -> list[str]:
+    """The flags Werk adds: prompt-token details always (``/v1`` usage then carries vLLM's
+    ``cached_tokens``); with persistence defaults the APC switch, unless the user set one."""
+    flags = [PROMPT_DETAILS]
+    explicit = {a.split("=", 1)[0] for a in user} & {ENABLE_APC, DISABLE_APC}
+    if persistence is not None and not explicit:
+        flags.append(DISABLE_APC if persistence.reuse is Reuse.DISABLED else ENABLE_APC)
+    return flags
+
+
+def launch_args(
+    model_dir: Path,
+    model_id: str,
+    port: int,
+    api_key: str,
+    generated: list[str],
+    user: list[str],
+) -> list[str]:
     """The server's arguments (the API key included: never log these)."""
     return [
         "-m",
@@ -112,8 +137,8 @@ def launch_args(model_dir: Path, model_id: str, port: int, api_key: str) -> list
         model_id,
         "--api-key",
         api_key,
-        "--enable-prompt-tokens-details",
-        *user_args(),
+        *generated,
+        *user,
     ]
 
 
@@ -140,18 +165,22 @@ def _startup_failure(tail: str) -> str:
 
 
 async def start_runtime(spec: ModelSpec) -> Runtime:
-    """``BackendDescriptor.start``: spawn, wait for readiness, describe."""
-    python = _python()
+    """``BackendDescriptor.start``: check, inspect, spawn, wait for readiness, describe."""
     model_dir = _model_dir(spec)
+    user = user_args()
+    installation = locate()
+    inspection = await inspect_vllm(installation)
+    generated = generated_flags(spec.persistence, user)
+    require_flags(inspection, generated)
     generation = "g_" + secrets.token_hex(8)
     port, api_key = free_port(), secrets.token_urlsafe(32)
-    argv = launch_args(model_dir, spec.id, port, api_key)
+    argv = launch_args(model_dir, spec.id, port, api_key, generated, user)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.setdefault(KV_SPACE_ENV, _kv_space_gib())
     workdir = WorkDir.create(werk_home() / "backends" / "vllm-runs", generation)
     process = SupervisedProcess.spawn(
-        [python, *argv], log_path=workdir.path / "server.log", env=env, cwd=workdir.path,
-        name="vllm", guard_group=True,
+        [installation.python, *argv], log_path=workdir.path / "server.log", env=env,
+        cwd=workdir.path, name="vllm", guard_group=True,
     )  # fmt: skip
     http = httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}",
@@ -186,12 +215,17 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         workdir.release()
         raise
     public = tuple(a for a in argv[2:] if a != api_key)
-    handle = VllmHandle(process=process, workdir=workdir, http=http, args=public)
+    handle = VllmHandle(
+        process=process, workdir=workdir, http=http, args=public,
+        installation=installation, inspection=inspection,
+    )  # fmt: skip
+    LIVE.add(handle)
     runtime = Runtime(
         backend=spec.backend, model=spec, generation=generation, handle=handle, args=public
     )
 
     def died(code: int) -> None:
+        LIVE.discard(handle)
         if not handle.stopped:
             runtime.alive = False
             log.error(
@@ -200,13 +234,16 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
 
     process.on_exit(died)
     process.watch()
-    log.info("vLLM %s ready for model %s on port %s", process.pid, spec.id, port)
+    log.info(
+        "vLLM %s (pid %s, from %s) ready for model %s on port %s",
+        inspection.version, process.pid, installation.source, spec.id, port,
+    )  # fmt: skip
     return runtime
 
 
 def check_alive(runtime: Runtime) -> bool:
     handle = runtime.handle
-    if isinstance(handle, VllmHandle) and (handle.stopped or handle.process.poll() is not None):
+    if isinstance(handle, VllmHandle) and not handle.alive():
         runtime.alive = False
     return runtime.alive
 
@@ -218,6 +255,7 @@ async def stop_runtime(runtime: Runtime) -> None:
     if not isinstance(handle, VllmHandle) or handle.stopped:
         return
     handle.stopped = True
+    LIVE.discard(handle)
     await handle.process.terminate(grace=10.0)
     await handle.http.aclose()
     handle.workdir.release()
