@@ -65,3 +65,20 @@ def test_reuse_disabled_turns_vllms_prefix_cache_off(served_without_reuse: WerkS
     assert again["prompt_tokens"] > 128
     assert cached(again) == 0
     assert prefix_cache_hits(port) == before
+
+
+@pytest.mark.slow
+def test_a_vllm_that_exits_during_startup_is_a_typed_error_with_its_reason(
+    vllm_home: Path,
+) -> None:
+    """vLLM refuses a context longer than the model's (2048): it exits while starting."""
+    extra = {"WERK_BACKENDS_DIR": require_backends(), "WERK_VLLM_ARGS": "--max-model-len 999999"}
+    with werk_serve(vllm_home, None, ["--model", MODEL, "--api-key", KEY_A], env=extra) as server:
+        response = chat(server, "hello")
+        assert response.status_code == 502, response.text
+        error = response.json()["error"]
+        assert error["code"] == "backend_error"
+        assert error["message"].startswith("vLLM exited during startup: ")
+        assert "max_model_len" in error["message"] or "max-model-len" in error["message"]
+        assert "exited with" in server.log()  # the log tail is in werk serve's log
+        assert processes(str(vllm_home / "models" / "files" / MODEL)) == []

@@ -95,5 +95,6 @@ def test_create_demo_writes_a_deterministic_tiny_model_with_vllms_environment(
     row = _residency(home, BACKENDS, "tiny-vllm")
     assert row["status"] == "unavailable"  # installed; `werk capabilities` starts no process
     assert row["reason"] == (
-        "no active Werk-started vLLM process; the first request for the model starts one"
+        "no active Werk-started vLLM process (vLLM from the managed environment); the first "
+        "request for the model starts one"
     )

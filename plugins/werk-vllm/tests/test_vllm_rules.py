@@ -23,6 +23,7 @@ from werk_vllm.process import (
     DISABLE_APC,
     ENABLE_APC,
     PROMPT_DETAILS,
+    _startup_failure,
     generated_flags,
     start_runtime,
 )
@@ -173,3 +174,19 @@ def test_remote_configuration_errors_are_clear(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("WERK_VLLM_ARGS", "--enable-prefix-caching")
     with pytest.raises(InvalidRequest, match="Werk starts no process"):
         configured()
+
+
+def test_a_startup_failure_names_the_reason_pydantic_puts_on_the_next_line() -> None:
+    tail = (
+        '  File "/venv/lib/python3.11/site-packages/pydantic/_internal/_dataclasses.py", line 1\n'
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, User-specified max_model_len (999999) is greater than the derived "
+        "max_model_len (max_position_embeddings=2048.0 in /models/tiny/config.json).\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n"
+    )
+    assert _startup_failure(tail) == (
+        "ValidationError: 1 validation error for ModelConfig: Value error, User-specified "
+        "max_model_len (999999) is greater than the derived max_model_len "
+        "(max_position_embeddings=2048.0 in <path>"
+    )
+    assert _startup_failure("nothing to see\n") == "no error message in its log"

@@ -114,7 +114,7 @@ def locate() -> Installation:
         return Installation(path, PYTHON_ENV)
     managed = managed_python()
     if managed is not None:
-        return Installation(managed, "managed environment")
+        return Installation(managed, "the managed environment")
     script = shutil.which("vllm")
     if script is not None:
         python = _script_python(Path(script))

@@ -69,7 +69,7 @@ KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 RESERVED = ("--model", "--host", "--port", "--served-model-name", "--api-key")
 ENABLE_APC, DISABLE_APC = "--enable-prefix-caching", "--no-enable-prefix-caching"
 PROMPT_DETAILS = "--enable-prompt-tokens-details"
-_TAIL_ERROR = re.compile(r"(Error|error|ERROR)[:\s].*$")
+_TAIL_ERROR = re.compile(r"\b\w*(?:Error|ERROR|error)\b[:\s].*$")
 
 
 @dataclass(eq=False)
@@ -155,12 +155,18 @@ def _model_dir(spec: ModelSpec) -> Path:
 
 
 def _startup_failure(tail: str) -> str:
-    """The last error line of the child's log, bounded and without paths."""
-    for line in reversed(tail.splitlines()):
-        found = _TAIL_ERROR.search(line)
-        if found:
-            text = re.sub(r"(?<![\w.])/[^\s'\"]+", "<path>", found.group(0)).strip()
-            return text[:200]
+    """The last error line of the child's log with its first indented detail line (pydantic
+    puts the reason there), bounded and without paths."""
+    lines = tail.splitlines()
+    for index in range(len(lines) - 1, -1, -1):
+        found = _TAIL_ERROR.search(lines[index])
+        if not found:
+            continue
+        text = found.group(0).strip()
+        detail = lines[index + 1] if index + 1 < len(lines) else ""
+        if detail[:1].isspace() and not detail.strip().startswith(("File ", "For further")):
+            text = f"{text}: {detail.strip()}"
+        return re.sub(r"(?<![\w.])/[^\s'\"]+", "<path>", text)[:300]
     return "no error message in its log"
 
 
