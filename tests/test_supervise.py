@@ -72,6 +72,21 @@ async def test_spawn_logs_runs_in_its_own_group_and_reports_its_exit(tmp_path: P
     assert late == [3] and codes == [3]
 
 
+def test_a_stdio_worker_talks_over_pipes_and_logs_only_stderr(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    program = "import sys\nfor line in sys.stdin:\n print(line.strip().upper(), flush=True)\n"
+    program += " print('note', file=sys.stderr, flush=True)\n"
+    child = SupervisedProcess.spawn([sys.executable, "-c", program], log_path=log, stdio=True)
+    assert child.popen.stdin is not None and child.popen.stdout is not None
+    child.popen.stdin.write(b"ping\n")
+    assert child.popen.stdout.readline() == b"PING\n"
+    child.popen.stdin.close()
+    assert child.popen.stdout.read() == b""  # the worker ended its output
+    child.popen.stdout.close()
+    assert child.popen.wait(timeout=10) == 0
+    assert child.log_tail() == "note\n"
+
+
 @pytest.mark.anyio
 async def test_terminate_stops_the_whole_group_even_a_helper_that_ignores_sigterm(
     tmp_path: Path,

@@ -36,6 +36,7 @@ __all__ = [
     "NativeDir",
     "OpenAICall",
     "OpenAIReply",
+    "OpenAIRoute",
     "Operation",
     "PrefillCall",
     "PrefillOutcome",
@@ -68,6 +69,11 @@ OPERATION_CAPABILITY: dict[Operation, CapabilityId] = {
 """The capability an operation hook provides; named in its ``unsupported`` error.
 
 ``werk_openai`` (plain inference through ``/v1``) is not a protocol capability and is absent."""
+
+
+OpenAIRoute = Literal["chat.completions", "completions", "images.generations"]
+"""A ``/v1`` route a backend can serve: ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/images/generations``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +112,8 @@ class BackendDescriptor:
         cannot start runtimes on this machine leave it ``None``.
     :ivar stop: coroutine function that stops a runtime ``start`` returned (required with
         ``start``); it must reap every process the runtime owns.
+    :ivar routes: the ``/v1`` routes its :func:`werk_openai` serves; the host answers
+        ``unsupported`` for any other before a runtime is started.
     """
 
     name: str
@@ -113,6 +121,7 @@ class BackendDescriptor:
     description: str = ""
     start: Callable[[ModelSpec], Awaitable[Runtime]] | None = None
     stop: Callable[[Runtime], Awaitable[None]] | None = None
+    routes: tuple[OpenAIRoute, ...] = ("chat.completions", "completions")
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -292,8 +301,11 @@ class ExpertMoveOutcome:
 class OpenAICall:
     """An OpenAI-compatible request for :func:`werk_openai`.
 
-    :ivar route: ``chat.completions`` or ``completions``.
-    :ivar body: the client's JSON object (``model`` already resolved to this runtime).
+    :ivar route: ``chat.completions``, ``completions`` or ``images.generations`` (only routes
+        the backend's descriptor lists in ``routes`` reach it).
+    :ivar body: the client's JSON object (``model`` already resolved to this runtime); for
+        ``images.generations`` the host has validated it against
+        :class:`werk.protocol.media.ImageGenerationRequest` and every field is present.
     :ivar stream: whether the client asked for SSE streaming.
     :ivar cache_salt: a salt derived from the caller's principal with the server's namespace key
         (never the API key, and not computable without that key). A backend whose prefix cache
@@ -301,7 +313,7 @@ class OpenAICall:
         cannot reuse, or time, another's cached prompts. ``None`` outside a server.
     """
 
-    route: Literal["chat.completions", "completions"]
+    route: OpenAIRoute
     body: dict[str, Any]
     stream: bool = False
     cache_salt: str | None = None

@@ -229,10 +229,15 @@ class SupervisedProcess:
         cwd: Path | None = None,
         name: str = "",
         guard_group: bool = False,
+        stdio: bool = False,
     ) -> SupervisedProcess:
         """Start ``argv`` (call from the event-loop thread: see the module docstring).
 
         stdin is ``/dev/null``; stdout and stderr go to ``log_path`` (created 0600, truncated).
+
+        :param stdio: for a worker that speaks a protocol on its standard streams: stdin and
+            stdout are pipes (``popen.stdin``, ``popen.stdout``, unbuffered binary); stderr
+            alone goes to ``log_path``.
 
         :param guard_group: for a program that starts helper processes of its own (vLLM's
             engine): a guardian (the exec shim, staying alive as the group leader) runs the
@@ -259,9 +264,10 @@ class SupervisedProcess:
                     program,
                     *map(str, argv[1:]),
                 ],
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE if stdio else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if stdio else log_fd,
+                stderr=log_fd if stdio else subprocess.STDOUT,
+                bufsize=0,
                 env=dict(env) if env is not None else None,
                 cwd=cwd,
                 start_new_session=True,  # its own process group; Ctrl+C reaches Werk only

@@ -9,9 +9,13 @@ dev virtual environment is never modified.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+
+import httpx
 
 from werk.supervise import free_port
 from werk.testing.server import WERK, WerkServer, server_env, werk_serve
@@ -63,3 +67,58 @@ def import_model(home: Path, site: Path, model_id: str, seed_text: str = "weight
         capture_output=True,
     )
     return model_file
+
+
+SpawnServer = Callable[..., WerkServer]
+"""The ``spawn_server`` fixture's factory (conftest.py)."""
+
+
+class ErrorBodyCheck:
+    """Checks one error answer of a live server and remembers its body.
+
+    The answer must carry ``X-Werk-Request-Id`` and a JSON body ``{"error": {"code": <str>,
+    "message": <str>, ...}}`` (the protocol shape on ``/werk/v1``, the OpenAI shape on ``/v1``;
+    both have these members), and no absolute path may appear in it: not the server's
+    ``WERK_HOME``, the test backend's install directory, the interpreter prefix, the repository,
+    nor anything under ``/work``, ``/root`` or ``/tmp``.
+    """
+
+    ROOTS = ("/work", "/root", "/tmp")
+
+    def __init__(self, site: Path) -> None:
+        self.site = site
+        self.bodies: list[bytes] = []
+
+    def __call__(
+        self,
+        server: WerkServer,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        expected: Collection[int],
+    ) -> dict[str, object]:
+        assert status in expected, (status, body[:300])
+        assert "x-werk-request-id" in {k.lower() for k in headers}, headers
+        payload = json.loads(body)
+        error = payload["error"]
+        assert isinstance(error["code"], str) and error["code"], payload
+        assert isinstance(error["message"], str), payload
+        text = body.decode()
+        forbidden = {
+            *self.ROOTS,
+            str(server.home),
+            str(server.home.resolve()),
+            str(self.site),
+            sys.prefix,
+            str(Path(__file__).resolve().parents[2]),
+        }
+        leaked = sorted(f for f in forbidden if f in text)
+        assert not leaked, f"error body contains {leaked}: {text[:300]}"
+        self.bodies.append(body)
+        return dict(error)
+
+    def response(
+        self, server: WerkServer, response: httpx.Response, *expected: int
+    ) -> dict[str, object]:
+        """Check an ``httpx`` response (see the class docstring)."""
+        return self(server, response.status_code, response.headers, response.content, expected)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-import httpx
 import pytest
-from _server import WerkServer, import_model, install_test_backend, werk_serve
+from _server import (
+    ErrorBodyCheck,
+    SpawnServer,
+    WerkServer,
+    import_model,
+    install_test_backend,
+    werk_serve,
+)
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +54,6 @@ def auth_server(werk_home: Path, testkv_site: Path) -> Iterator[WerkServer]:
 
 # -- module-scoped servers (appended for test_routes / isolation / policy / openai / client) ----
 
-SpawnServer = Callable[..., WerkServer]
-
-
 @pytest.fixture(scope="module")
 def spawn_server(
     tmp_path_factory: pytest.TempPathFactory, testkv_site: Path
@@ -90,57 +91,6 @@ def spawn_server(
 
 
 # -- error-body checks (appended for test_hardening / test_hardening_bodies) ---------------------
-
-
-class ErrorBodyCheck:
-    """Checks one error answer of a live server and remembers its body.
-
-    The answer must carry ``X-Werk-Request-Id`` and a JSON body ``{"error": {"code": <str>,
-    "message": <str>, ...}}`` (the protocol shape on ``/werk/v1``, the OpenAI shape on ``/v1``;
-    both have these members), and no absolute path may appear in it: not the server's
-    ``WERK_HOME``, the test backend's install directory, the interpreter prefix, the repository,
-    nor anything under ``/work``, ``/root`` or ``/tmp``.
-    """
-
-    ROOTS = ("/work", "/root", "/tmp")
-
-    def __init__(self, site: Path) -> None:
-        self.site = site
-        self.bodies: list[bytes] = []
-
-    def __call__(
-        self,
-        server: WerkServer,
-        status: int,
-        headers: Mapping[str, str],
-        body: bytes,
-        expected: Collection[int],
-    ) -> dict[str, object]:
-        assert status in expected, (status, body[:300])
-        assert "x-werk-request-id" in {k.lower() for k in headers}, headers
-        payload = json.loads(body)
-        error = payload["error"]
-        assert isinstance(error["code"], str) and error["code"], payload
-        assert isinstance(error["message"], str), payload
-        text = body.decode()
-        forbidden = {
-            *self.ROOTS,
-            str(server.home),
-            str(server.home.resolve()),
-            str(self.site),
-            sys.prefix,
-            str(Path(__file__).resolve().parents[2]),
-        }
-        leaked = sorted(f for f in forbidden if f in text)
-        assert not leaked, f"error body contains {leaked}: {text[:300]}"
-        self.bodies.append(body)
-        return dict(error)
-
-    def response(
-        self, server: WerkServer, response: httpx.Response, *expected: int
-    ) -> dict[str, object]:
-        """Check an ``httpx`` response (see the class docstring)."""
-        return self(server, response.status_code, response.headers, response.content, expected)
 
 
 @pytest.fixture

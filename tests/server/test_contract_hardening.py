@@ -9,8 +9,7 @@ import time
 
 import httpx
 import pytest
-
-from conftest import SpawnServer
+from _server import SpawnServer
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,16 @@ from pathlib import Path
 import h11
 import httpx
 import pytest
-from _server import WERK, WerkServer, free_port, import_model, server_env, werk_serve
+from _server import (
+    WERK,
+    ErrorBodyCheck,
+    WerkServer,
+    free_port,
+    import_model,
+    server_env,
+    werk_serve,
+)
 
-from conftest import ErrorBodyCheck
 from werk.cli.serve import serve
 from werk.http.routes import ROUTE_SPECS
 from werk.http.server import HEADER_TIMEOUT_SECONDS
@@ -34,6 +41,7 @@ OPENAI_ROUTES = (
     ("GET", "/v1/models"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/images/generations"),
 )
 ALL_ROUTES = (
     *((s.method, s.path) for s in ROUTE_SPECS),

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _server import WerkServer, import_model, werk_serve
+from _server import ErrorBodyCheck, WerkServer, import_model, werk_serve
 
-from conftest import ErrorBodyCheck
 from werk.http.openai import OPENAI_BODY
 from werk.http.routes import PROMPT_BODY, SMALL_BODY
 

@@ -263,8 +263,18 @@ def test_openapi_document_lists_exactly_the_served_routes(http: httpx.Client) ->
     assert document["openapi"] == "3.1.0"
     assert document == msgspec.json.decode(msgspec.json.encode(openapi_document()))
     listed = {(m.upper(), path) for path, ops in document["paths"].items() for m in ops}
-    openai = {("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")}
+    openai = {
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/images/generations"),
+    }
     assert listed == {(s.method, s.path) for s in ROUTE_SPECS} | openai
+    images = document["paths"]["/v1/images/generations"]["post"]["requestBody"]["content"]
+    reference = images["application/json"]["schema"]["$ref"]
+    image_schema = document["components"]["schemas"][reference.rsplit("/", 1)[-1]]
+    assert image_schema["additionalProperties"] is False  # unknown fields are refused
+    assert image_schema["properties"]["prompt"]["maxLength"] == 4000
     assert document["paths"][f"{P}/health"]["get"]["security"] == []
     # The /v1 bodies: what Werk checks (model, stream), the rest goes to the backend.
     chat = document["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]

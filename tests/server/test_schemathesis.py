@@ -93,7 +93,12 @@ def test_document_lists_every_served_operation(api_schema: Any) -> None:
         served.add((operation.method.upper(), operation.path))
     # The /v1 routes are published too; they are not fuzzed here (their bodies are the
     # backend's to validate, and tests/server/test_openai_sdk.py drives them with the SDK).
-    openai = {("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")}
+    openai = {
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/images/generations"),
+    }
     assert served == set(OPERATIONS) | openai
 
 

@@ -12,7 +12,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..backends import OpenAIReply
+from ..backends import OpenAIReply, OpenAIRoute
 from ..protocol import (
     CapabilitiesResponse,
     DecodeRequest,
@@ -123,7 +123,7 @@ class WerkControl(abc.ABC):
     async def openai_request(
         self,
         principal: str,
-        route: Literal["chat.completions", "completions"],
+        route: OpenAIRoute,
         body: dict[str, Any],
     ) -> OpenAIReply: ...
 

@@ -25,6 +25,7 @@ from ..backends import (
     ModelSpec,
     OpenAICall,
     OpenAIReply,
+    OpenAIRoute,
     Operation,
     Runtime,
 )
@@ -333,7 +334,7 @@ class LocalControlService(WerkControl):
     async def openai_request(
         self,
         principal: str,
-        route: Literal["chat.completions", "completions"],
+        route: OpenAIRoute,
         body: dict[str, Any],
     ) -> OpenAIReply:
         model = body.get("model")
@@ -343,6 +344,12 @@ class LocalControlService(WerkControl):
         if not isinstance(stream, bool):
             raise InvalidRequest("'stream' must be a boolean")
         spec = self.spec(model)
+        descriptor = self.pm.backends[spec.backend]
+        if route not in descriptor.routes:
+            raise Unsupported(
+                f"model {model!r} (backend {spec.backend!r}) does not serve "
+                f"/v1/{route.replace('.', '/')}"
+            )
         runtime = await self.runtimes.get(spec)
         call = OpenAICall(
             route=route,

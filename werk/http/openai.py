@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import anyio
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -18,14 +19,16 @@ from starlette.types import Receive, Scope, Send
 
 from ..control.interface import WerkControl
 from ..protocol import encode
+from ..protocol.media import ImageGenerationRequest
 from .auth import Authenticator
 from .errors import error_response, to_werk_error
 from .guard import admit
-from .requests import read_object
+from .requests import read_object, read_struct
 
 __all__ = ["openai_routes"]
 
 OPENAI_BODY = 32 * 1024 * 1024
+IMAGE_REQUEST_BODY = 64 * 1024
 
 
 async def _aclose(stream: AsyncIterator[bytes]) -> None:
@@ -95,6 +98,25 @@ def _completion_route(
     return run
 
 
+def _images_route(
+    control: WerkControl, auth: Authenticator
+) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/images/generations``: validated here (every bound), then to the backend."""
+
+    async def run(request: Request) -> Response:
+        try:
+            principal = admit(request, auth)
+            parsed = await read_struct(request, ImageGenerationRequest, IMAGE_REQUEST_BODY)
+            parsed.validate()
+            body: dict[str, Any] = msgspec.to_builtins(parsed)
+            reply = await control.openai_request(principal, "images.generations", body)
+            return Response(encode(reply.body), 200, media_type="application/json")
+        except Exception as exc:
+            return error_response(request, exc)
+
+    return run
+
+
 def _models_route(
     control: WerkControl, auth: Authenticator
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -118,4 +140,5 @@ def openai_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
             methods=["POST"],
         ),
         Route("/v1/completions", _completion_route("completions", control, auth), methods=["POST"]),
+        Route("/v1/images/generations", _images_route(control, auth), methods=["POST"]),
     ]

@@ -16,6 +16,7 @@ import msgspec
 
 from .._version import PROTOCOL_VERSION, __version__
 from ..protocol import ErrorBody, PrefillRequest, PruneFilter, PruneRequest
+from ..protocol.media import ImageGenerationRequest
 from ..protocol.prefill import ModelId
 from .routes import ROUTE_SPECS
 
@@ -120,14 +121,37 @@ def _openai_body(required: str, schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _openai_paths() -> dict[str, dict[str, Any]]:
-    """The OpenAI-compatible routes Werk serves (request bodies up to 32 MiB)."""
+def _openai_paths(image_request: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The OpenAI-compatible routes Werk serves (request bodies up to 32 MiB; an image request
+    up to 64 KiB, validated by Werk against ``image_request``)."""
     reply = {
         "description": "The backend's reply: a JSON object, or with `stream: true` Server-Sent "
         "Events of JSON chunks ending with `data: [DONE]`",
         "content": {
             "application/json": {"schema": {"type": "object"}},
             "text/event-stream": {"schema": {"type": "string"}},
+        },
+    }
+    images = {
+        "description": "The images, base64-encoded PNG (OpenAI shape)",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["created", "data"],
+                    "properties": {
+                        "created": {"type": "integer"},
+                        "data": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["b64_json"],
+                                "properties": {"b64_json": {"type": "string"}},
+                            },
+                        },
+                    },
+                }
+            }
         },
     }
     messages = {"type": "array", "items": {"type": "object"}, "minItems": 1}
@@ -193,12 +217,26 @@ def _openai_paths() -> dict[str, dict[str, Any]]:
         "/v1/completions": completion(
             "Text completion through the model's backend", "openai_completions", "prompt", prompt
         ),
+        "/v1/images/generations": {
+            "post": {
+                "summary": "Generate images with the model's media backend",
+                "operationId": "openai_images_generations",
+                "tags": ["openai"],
+                "security": [{"bearer": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": image_request}},
+                },
+                "responses": {"200": images, "default": _OPENAI_ERROR},
+            }
+        },
     }
 
 
 def openapi_document() -> dict[str, Any]:
     structs = sorted(
-        {t for s in ROUTE_SPECS for t in (s.request, s.response) if t is not None} | {ErrorBody},
+        {t for s in ROUTE_SPECS for t in (s.request, s.response) if t is not None}
+        | {ErrorBody, ImageGenerationRequest},
         key=lambda t: t.__name__,
     )
     refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
@@ -257,7 +295,7 @@ def openapi_document() -> dict[str, Any]:
             "version": PROTOCOL_VERSION,
             "x-werk-version": __version__,
         },
-        "paths": {**paths, **_openai_paths()},
+        "paths": {**paths, **_openai_paths(ref_of[ImageGenerationRequest])},
         "components": {
             "schemas": components,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -1,0 +1,69 @@
+"""OpenAI-style media requests that Werk validates before any backend sees them.
+
+``POST /v1/images/generations`` (OpenAI's Images API shape, plus Werk's ``seed``, ``steps``,
+``guidance_scale`` and ``negative_prompt``). Every bound is checked here, so a backend receives
+only requests it can run: prompt length, image count, size, steps.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from .base import Request
+from .errors import InvalidRequest, Unsupported
+
+__all__ = [
+    "IMAGE_SIDE_MAX",
+    "IMAGE_SIDE_MIN",
+    "MAX_PROMPT_CHARS",
+    "ImageGenerationRequest",
+]
+
+MAX_PROMPT_CHARS = 4000
+IMAGE_SIDE_MIN, IMAGE_SIDE_MAX = 8, 1024
+MAX_IMAGES = 4
+MAX_STEPS = 100
+MAX_SEED = 2**32 - 1
+
+
+class ImageGenerationRequest(Request, frozen=True, kw_only=True):
+    """``POST /v1/images/generations``.
+
+    :ivar size: ``WIDTHxHEIGHT``, each a multiple of 8 in 8..1024 (default ``512x512``).
+    :ivar response_format: ``b64_json``; ``url`` (a stored output) is not offered yet.
+    :ivar seed: makes the output reproducible (same model, same request, same bytes).
+    :ivar steps: denoising steps (default 20).
+    """
+
+    model: str
+    prompt: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PROMPT_CHARS)]
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_IMAGES)] = 1
+    size: str = "512x512"
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
+    steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_STEPS)] = 20
+    guidance_scale: Annotated[float, msgspec.Meta(ge=0.0, le=30.0)] = 7.5
+    negative_prompt: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)] | None = None
+    user: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+
+    def dimensions(self) -> tuple[int, int]:
+        """``(width, height)`` from :attr:`size`; ``InvalidRequest`` when out of bounds."""
+        width_text, sep, height_text = self.size.partition("x")
+        if not sep or not width_text.isdigit() or not height_text.isdigit():
+            raise InvalidRequest(f"'size' must look like 512x512, not {self.size!r}")
+        width, height = int(width_text), int(height_text)
+        for side in (width, height):
+            if not IMAGE_SIDE_MIN <= side <= IMAGE_SIDE_MAX or side % 8:
+                raise InvalidRequest(
+                    f"'size' sides must be multiples of 8 in {IMAGE_SIDE_MIN}..{IMAGE_SIDE_MAX}"
+                )
+        return width, height
+
+    def validate(self) -> None:
+        self.dimensions()
+        if self.response_format == "url":
+            raise Unsupported(
+                "'response_format' 'url' (stored outputs) is not offered yet; use 'b64_json'"
+            )
