@@ -9,7 +9,7 @@ STAMP := $(VENV)/.werk-setup
 PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/werk-media
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: setup llama-server vllm-env demo serve test lint typecheck pytest clean
+.PHONY: setup llama-server vllm-env media-env demo serve test lint typecheck pytest clean
 
 # The test suite's managed backend environments (multi-gigabyte), cached across runs like the
 # llama-server build; `werk backends install` is a no-op with --if-needed once one is ready.
@@ -31,6 +31,10 @@ llama-server: setup
 vllm-env: setup
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install vllm --if-needed
 
+# torch (CPU build), Diffusers and Transformers for the media worker, for the media tests.
+media-env: setup
+	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install media --if-needed
+
 # The embedded default model: a small generated GGUF imported as `demo` (idempotent).
 demo: llama-server
 	$(BIN)/werk models create-demo --id demo
@@ -45,7 +49,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup llama-server vllm-env
+pytest: setup llama-server vllm-env media-env
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/pytest
 
 test: lint typecheck pytest

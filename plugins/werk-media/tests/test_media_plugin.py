@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 from importlib.metadata import entry_points
+from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 import werk
 from werk import CapabilityContext, CapabilityReport, ModelSpec
@@ -72,14 +75,35 @@ def test_per_model_rows_carry_the_model() -> None:
     assert {r.id: r.status.value for r in rows if r.id.startswith("runtime.")} == NO_WORKER_COLUMN
 
 
-def test_residency_reason_names_what_is_missing() -> None:
+def test_residency_reason_names_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No media libraries anywhere (Werk's own venv has none, no managed environment)."""
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WERK_BACKENDS_DIR", str(tmp_path / "backends"))
+    monkeypatch.delenv("WERK_MEDIA_PYTHON", raising=False)
+    assert importlib.util.find_spec("diffusers") is None  # the dev venv stays without them
     residency = next(r for r in _rows() if r.id == "runtime.model_residency")
-    missing = [m for m in ("torch", "diffusers", "transformers") if not importlib.util.find_spec(m)]
-    for module in missing:
-        assert module in (residency.reason or "")
-    if not missing:
-        assert "worker" in (residency.reason or "")
+    assert residency.reason == (
+        "the media libraries (torch, Diffusers, Transformers) are not installed; run "
+        "`werk backends install media` (or `pip install werk-media[diffusers]`)"
+    )
+
+
+def test_only_the_image_route_reaches_the_backend() -> None:
+    assert _pm().backends["media"].routes == ("images.generations",)
 
 
 def test_cross_restart_restore_is_not_advertised() -> None:
     assert "runtime.state.restore.cross_restart" not in {r.id for r in _rows()}
+
+
+def test_the_diffusers_extra_is_the_managed_environment() -> None:
+    """`pip install werk-media[diffusers]` and `werk backends install media` install the same."""
+    import tomllib
+
+    from werk_media.environment import environment_spec
+
+    project = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    extra = tomllib.loads(project.read_text())["project"]["optional-dependencies"]["diffusers"]
+    assert tuple(extra) == environment_spec().requirements

@@ -1,15 +1,23 @@
-"""Werk hook implementations for the Diffusers/Transformers media worker.
+"""Werk hook implementations for the Diffusers/Transformers media worker (backend ``media``).
 
-Media pipelines have model residency but no text KV state. Residency is ``unavailable`` until
-the worker's Python libraries are installed and a worker can be started; the plugin implements
-no state, prefill/decode or expert hook, so the host reports those rows ``unsupported``
-(backend contract 1.1).
+``werk backends install media`` builds the worker's environment (:mod:`.environment`),
+``werk models create-demo --kind image`` writes a tiny Stable Diffusion pipeline with it, and
+backend ``media`` serves ``POST /v1/images/generations`` through one companion worker process
+(:mod:`.worker`, protocol in ``_worker.py``) that keeps an LRU of loaded pipelines.
+
+Rows: ``runtime.model_residency`` is ``supported`` while the worker lives (the reason says
+whether the model's pipeline is resident now, and the LRU's capacity), ``unavailable`` before it
+starts or after it ended (the reason names the install command when the libraries are
+missing). Pipelines have no text KV state: the plugin implements no state, prefill/decode or
+expert hook, so the host reports those rows ``unsupported`` (backend contract 1.1).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from werk import (
     BackendDescriptor,
@@ -17,10 +25,99 @@ from werk import (
     CapabilityId,
     CapabilityReport,
     CapabilityStatus,
+    DemoModel,
+    EnvironmentSpec,
+    InvalidRequest,
+    ModelSpec,
+    OpenAICall,
+    OpenAIReply,
+    Runtime,
+    Unavailable,
+    WerkError,
     hookimpl,
 )
 
+from .demos import DEMOS
+from .environment import environment_spec, locate
+from .worker import MediaWorker
+
 BACKEND = "media"
+
+
+@dataclass(eq=False)
+class MediaHandle:
+    """A media model's runtime: the shared worker and the model's pipeline directory."""
+
+    worker: MediaWorker
+    path: Path
+    task: str
+
+
+class _Shared:
+    """The one worker of this Werk process and the runtimes that use it."""
+
+    worker: MediaWorker | None = None
+    runtimes: list[Runtime] = []
+
+
+def _pipeline_dir(spec: ModelSpec) -> Path:
+    for path in spec.files:
+        if path.name == "model_index.json":
+            return path.parent
+    raise InvalidRequest(f"model {spec.id!r} is not a Diffusers pipeline (no model_index.json)")
+
+
+async def _worker() -> MediaWorker:
+    worker = _Shared.worker
+    if worker is not None and worker.alive():
+        return worker
+    worker = await MediaWorker.start(locate())
+    _Shared.worker = worker
+
+    def ended() -> None:
+        for runtime in list(_Shared.runtimes):
+            if isinstance(runtime.handle, MediaHandle) and runtime.handle.worker is worker:
+                runtime.alive = False
+
+    worker.on_end(ended)
+    return worker
+
+
+async def start_runtime(spec: ModelSpec) -> Runtime:
+    """``BackendDescriptor.start``: the worker (started if needed) probes the model."""
+    path = _pipeline_dir(spec)
+    worker = await _worker()
+    probe = await worker.request("probe-model", {"path": str(path)})
+    runtime = Runtime(
+        backend=spec.backend,
+        model=spec,
+        generation=worker.generation,
+        handle=MediaHandle(worker=worker, path=path, task=str(probe["task"])),
+    )
+    _Shared.runtimes.append(runtime)
+    return runtime
+
+
+async def stop_runtime(runtime: Runtime) -> None:
+    """``BackendDescriptor.stop``: drop the model's pipeline; the last runtime ends the worker."""
+    runtime.alive = False
+    _Shared.runtimes = [r for r in _Shared.runtimes if r is not runtime]
+    handle = runtime.handle
+    if not isinstance(handle, MediaHandle):
+        return
+    worker = handle.worker
+    users = [r for r in _Shared.runtimes if getattr(r.handle, "worker", None) is worker]
+    if not worker.alive():
+        return
+    if users:
+        try:
+            await worker.request("unload", {"path": str(handle.path)})
+        except WerkError:
+            return  # the worker ended; its runtimes are marked dead
+    else:
+        await worker.stop()
+        if _Shared.worker is worker:
+            _Shared.worker = None
 
 
 @hookimpl
@@ -30,26 +127,89 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=BACKEND,
             formats=("diffusers", "transformers"),
             description="a resident Diffusers/Transformers media worker",
+            start=start_runtime,
+            stop=stop_runtime,
+            routes=("images.generations",),
         )
     )
 
 
-def _residency_reason() -> str:
-    missing = [
-        m for m in ("torch", "diffusers", "transformers") if importlib.util.find_spec(m) is None
-    ]
-    if missing:
-        return f"the media worker needs {', '.join(missing)} installed"
-    return "no media worker has been started"
+@hookimpl
+def werk_backend_environments() -> list[EnvironmentSpec]:
+    """``werk backends install media``: torch (CPU build here), Diffusers, Transformers."""
+    return [environment_spec()]
+
+
+@hookimpl
+def werk_demo_models() -> list[DemoModel]:
+    """``werk models create-demo --kind image``: a tiny Stable Diffusion pipeline."""
+    return list(DEMOS)
+
+
+def _residency(context: CapabilityContext) -> CapabilityReport:
+    worker = _Shared.worker
+    if worker is None or not worker.alive():
+        try:
+            found = locate()
+        except WerkError as exc:
+            why = exc.message
+        else:
+            why = (
+                f"no media worker is running (media libraries from {found.source}); the first "
+                "media request starts one"
+            )
+        return CapabilityReport(
+            id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.UNAVAILABLE, reason=why
+        )
+    resident = [str(entry.get("path")) for entry in worker.resident]
+    runtime = context.runtime
+    where = ""
+    if runtime is not None and isinstance(runtime.handle, MediaHandle):
+        loaded = str(runtime.handle.path) in resident
+        where = "its pipeline is resident; " if loaded else "its pipeline is not loaded now; "
+    return CapabilityReport(
+        id=CapabilityId.MODEL_RESIDENCY,
+        status=CapabilityStatus.SUPPORTED,
+        operations=["load", "unload"],
+        reason=f"{where}the media worker (pid {worker.process.pid}) keeps "
+        f"{len(resident)} of at most {worker.capacity} pipeline(s) "
+        "(WERK_MEDIA_PIPELINE_CACHE_SIZE)",
+    )
 
 
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
-    rows = [
-        CapabilityReport(
-            id=CapabilityId.MODEL_RESIDENCY,
-            status=CapabilityStatus.UNAVAILABLE,
-            reason=_residency_reason(),
-        ),
-    ]
-    return rows
+    if context.backend != BACKEND:
+        return []
+    return [_residency(context)]
+
+
+@hookimpl
+async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
+    """``images.generations`` through the worker (the host validated every bound)."""
+    handle = runtime.handle
+    if not isinstance(handle, MediaHandle) or call.route != "images.generations":
+        return None
+    if not handle.worker.alive():
+        raise Unavailable(
+            "the media worker ended; the next request starts a new one", retryable=True
+        )
+    body = call.body
+    width, height = (int(side) for side in str(body["size"]).split("x"))
+    result = await handle.worker.request(
+        "execute",
+        {
+            "task": "text-to-image",
+            "path": str(handle.path),
+            "prompt": body["prompt"],
+            "negative_prompt": body.get("negative_prompt"),
+            "n": body["n"],
+            "width": width,
+            "height": height,
+            "steps": body["steps"],
+            "guidance_scale": body["guidance_scale"],
+            "seed": body.get("seed"),
+        },
+    )
+    images = [{"b64_json": str(image)} for image in result.get("images", [])]
+    return OpenAIReply(body={"created": int(time.time()), "data": images})

@@ -1,0 +1,193 @@
+"""The host side of the media companion worker (protocol in ``_worker.py``).
+
+One worker process per Werk process, started on the first media request and reused while the
+server lives; one request at a time (a lock). It is a :class:`werk.SupervisedProcess` with
+``stdio``: frames on its stdin/stdout, its stderr in a log under a private
+:class:`werk.WorkDir`. Any failure ends the worker — an error reply, a malformed or foreign
+frame, a timeout, a caller that goes away mid-request (its reply would otherwise be read by
+the next request) — and the next request starts a cold one; an ``execute`` is never sent
+twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+
+from werk import (
+    BackendError,
+    CapabilityId,
+    SupervisedProcess,
+    Unavailable,
+    WerkTimeout,
+    WorkDir,
+    werk_home,
+)
+
+from .environment import MediaPython
+
+__all__ = ["TRANSPORT_VERSION", "MediaWorker", "WorkerGone"]
+
+log = logging.getLogger("werk.media")
+
+TRANSPORT_VERSION = 1
+WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
+CACHE_SIZE_ENV = "WERK_MEDIA_PIPELINE_CACHE_SIZE"
+START_TIMEOUT_SECONDS = 180.0
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+class WorkerGone(BackendError):
+    """The worker failed or exited during a request; the next request starts a new one."""
+
+
+def cache_size() -> int:
+    raw = os.environ.get(CACHE_SIZE_ENV, "1")
+    if not raw.isdigit():
+        raise Unavailable(
+            f"{CACHE_SIZE_ENV}={raw!r} is not a whole number >= 0",
+            capability=CapabilityId.MODEL_RESIDENCY,
+            retryable=False,
+        )
+    return int(raw)
+
+
+class MediaWorker:
+    """A running companion worker."""
+
+    def __init__(self, process: SupervisedProcess, workdir: WorkDir, found: MediaPython) -> None:
+        self.process = process
+        self.workdir = workdir
+        self.found = found
+        self.generation = "g_" + secrets.token_hex(8)
+        self.resident: list[dict[str, Any]] = []
+        self.versions: dict[str, str] = {}
+        self.capacity = 0
+        self._ids = itertools.count(1)
+        self._lock = anyio.Lock()
+        self._ended = False
+        self._on_end: list[Callable[[], None]] = []
+
+    @classmethod
+    async def start(cls, found: MediaPython) -> MediaWorker:
+        """Spawn the worker and wait for its ``health`` answer (imports take a while)."""
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+        env[CACHE_SIZE_ENV] = str(cache_size())
+        generation = "g_" + secrets.token_hex(8)
+        workdir = WorkDir.create(werk_home() / "backends" / "media-runs", generation)
+        process = SupervisedProcess.spawn(
+            [found.python, str(WORKER_SCRIPT)], log_path=workdir.path / "worker.log", env=env,
+            cwd=workdir.path, name="media-worker", stdio=True,
+        )  # fmt: skip
+        worker = cls(process, workdir, found)
+        worker.generation = generation
+        process.on_exit(lambda code: worker._mark_ended())
+        process.watch()
+        health = await worker.request("health", {}, timeout=START_TIMEOUT_SECONDS)
+        worker.versions = dict(health.get("versions") or {})
+        worker.capacity = int((await worker.request("capabilities", {}))["cache_size"])
+        log.info(
+            "media worker %s ready (%s, from %s)",
+            process.pid, ", ".join(f"{k} {v}" for k, v in worker.versions.items()), found.source,
+        )  # fmt: skip
+        return worker
+
+    def alive(self) -> bool:
+        return not self._ended and self.process.poll() is None
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        self._on_end.append(callback)
+
+    def _mark_ended(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        for callback in self._on_end:
+            callback()
+
+    def _exchange(self, frame: bytes) -> bytes:
+        """Blocking: write one frame, read one line (in a worker thread)."""
+        stdin: IO[bytes] | None = self.process.popen.stdin
+        stdout: IO[bytes] | None = self.process.popen.stdout
+        if stdin is None or stdout is None:
+            return b""
+        try:
+            stdin.write(frame)
+            stdin.flush()
+            return stdout.readline(MAX_FRAME_BYTES)
+        except (BrokenPipeError, ValueError, OSError):
+            return b""
+
+    async def request(
+        self, op: str, args: dict[str, Any], *, timeout: float = 600.0
+    ) -> dict[str, Any]:
+        """One request; any failure ends the worker (see the module docstring)."""
+        async with self._lock:
+            if not self.alive():
+                raise WorkerGone("the media worker is not running; the next request starts one")
+            request_id = f"r{next(self._ids)}"
+            frame = json.dumps({"v": TRANSPORT_VERSION, "id": request_id, "op": op, "args": args})
+            try:
+                with anyio.fail_after(timeout):
+                    line = await anyio.to_thread.run_sync(
+                        self._exchange, (frame + "\n").encode(), abandon_on_cancel=True
+                    )
+            except TimeoutError:
+                await self.stop()
+                raise WerkTimeout(
+                    f"the media worker did not answer {op} in {timeout:.0f}s"
+                ) from None
+            except BaseException:  # cancelled mid-request: its late reply must never be read
+                self.process.kill_now()
+                self._mark_ended()
+                raise
+            return await self._reply(op, request_id, line)
+
+    async def _reply(self, op: str, request_id: str, line: bytes) -> dict[str, Any]:
+        if not line:
+            code = self.process.poll()
+            tail = self.process.log_tail(2048).strip().splitlines()[-1:] or ["no output"]
+            await self.stop()
+            raise WorkerGone(
+                f"the media worker exited during {op} (status {code}): {tail[0][:200]}"
+            )
+        try:
+            reply = json.loads(line)
+            valid = reply.get("v") == TRANSPORT_VERSION and reply.get("id") == request_id
+        except (ValueError, AttributeError):
+            valid = False
+        if not valid:
+            await self.stop()
+            raise WorkerGone(f"the media worker answered {op} with a malformed frame")
+        if not reply.get("ok"):
+            error = reply.get("error") or {}
+            await self.stop()
+            raise WorkerGone(
+                f"the media worker failed {op}: {str(error.get('message', '?'))[:300]}"
+            )
+        result = reply.get("result")
+        if not isinstance(result, dict):
+            await self.stop()
+            raise WorkerGone(f"the media worker answered {op} without a result")
+        if "resident" in result:
+            self.resident = list(result["resident"])
+        return result
+
+    async def stop(self) -> None:
+        """End the worker (its whole group), reap it, remove its directory."""
+        self._mark_ended()
+        if self.process.poll() is None:
+            await self.process.terminate(grace=5.0)
+        for stream in (self.process.popen.stdin, self.process.popen.stdout):
+            if stream is not None:
+                stream.close()
+        self.workdir.release()
