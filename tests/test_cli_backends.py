@@ -94,7 +94,9 @@ def test_install_of_an_unknown_environment_names_the_known_ones(
 ) -> None:
     proc = run("backends", "install", "nope", home=werk_home, site=site, wheel=tiny_wheel)
     assert proc.returncode == 1
-    assert "no installed plugin describes environment 'nope' (known: tiny" in proc.stderr
+    assert "no installed plugin describes environment 'nope' (known: " in proc.stderr
+    known = proc.stderr.split("(known: ", 1)[1].split(")", 1)[0].split(", ")
+    assert "tiny" in known and known == sorted(known)
 
 
 def test_create_demo_of_a_plugin_kind_imports_it(

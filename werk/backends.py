@@ -71,9 +71,11 @@ OPERATION_CAPABILITY: dict[Operation, CapabilityId] = {
 ``werk_openai`` (plain inference through ``/v1``) is not a protocol capability and is absent."""
 
 
-OpenAIRoute = Literal["chat.completions", "completions", "images.generations"]
+OpenAIRoute = Literal[
+    "chat.completions", "completions", "images.generations", "audio.speech", "audio.transcriptions"
+]
 """A ``/v1`` route a backend can serve: ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/images/generations``."""
+``/v1/images/generations``, ``/v1/audio/speech``, ``/v1/audio/transcriptions``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,11 +303,11 @@ class ExpertMoveOutcome:
 class OpenAICall:
     """An OpenAI-compatible request for :func:`werk_openai`.
 
-    :ivar route: ``chat.completions``, ``completions`` or ``images.generations`` (only routes
-        the backend's descriptor lists in ``routes`` reach it).
-    :ivar body: the client's JSON object (``model`` already resolved to this runtime); for
-        ``images.generations`` the host has validated it against
-        :class:`werk.protocol.media.ImageGenerationRequest` and every field is present.
+    :ivar route: one of :data:`OpenAIRoute` (only routes the backend's descriptor lists in
+        ``routes`` reach it).
+    :ivar body: the client's JSON object (``model`` already resolved to this runtime). For the
+        media routes the host has validated it (:mod:`werk.protocol.media`) and every field is
+        present; ``audio.transcriptions`` adds ``audio_b64`` (the uploaded WAV, base64).
     :ivar stream: whether the client asked for SSE streaming.
     :ivar cache_salt: a salt derived from the caller's principal with the server's namespace key
         (never the API key, and not computable without that key). A backend whose prefix cache
@@ -321,14 +323,19 @@ class OpenAICall:
 
 @dataclass(frozen=True, kw_only=True)
 class OpenAIReply:
-    """A backend's answer: a complete JSON object, or SSE ``data`` payloads (no ``[DONE]``)."""
+    """A backend's answer: a complete JSON object, SSE ``data`` payloads (no ``[DONE]``), or
+    (``audio.speech``) the bytes of a file with their ``media_type``."""
 
     body: dict[str, Any] | None = None
     stream: AsyncIterator[bytes] | None = None
+    content: bytes | None = None
+    media_type: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.body is None) == (self.stream is None):
-            raise ValueError("an OpenAIReply carries exactly one of body or stream")
+        if sum(x is not None for x in (self.body, self.stream, self.content)) != 1:
+            raise ValueError("an OpenAIReply carries exactly one of body, stream or content")
+        if (self.content is None) != (self.media_type is None):
+            raise ValueError("an OpenAIReply's content needs a media_type, and only content")
 
 
 # -------------------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ OPENAI_ROUTES = (
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
     ("POST", "/v1/images/generations"),
+    ("POST", "/v1/audio/speech"),
+    ("POST", "/v1/audio/transcriptions"),
 )
 ALL_ROUTES = (
     *((s.method, s.path) for s in ROUTE_SPECS),

@@ -268,6 +268,8 @@ def test_openapi_document_lists_exactly_the_served_routes(http: httpx.Client) ->
         ("POST", "/v1/chat/completions"),
         ("POST", "/v1/completions"),
         ("POST", "/v1/images/generations"),
+        ("POST", "/v1/audio/speech"),
+        ("POST", "/v1/audio/transcriptions"),
     }
     assert listed == {(s.method, s.path) for s in ROUTE_SPECS} | openai
     images = document["paths"]["/v1/images/generations"]["post"]["requestBody"]["content"]

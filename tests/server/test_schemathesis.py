@@ -98,6 +98,8 @@ def test_document_lists_every_served_operation(api_schema: Any) -> None:
         ("POST", "/v1/chat/completions"),
         ("POST", "/v1/completions"),
         ("POST", "/v1/images/generations"),
+        ("POST", "/v1/audio/speech"),
+        ("POST", "/v1/audio/transcriptions"),
     }
     assert served == set(OPERATIONS) | openai
 

@@ -7,6 +7,9 @@ the stream started is sent as a final ``data: {"error": …}`` event (the status
 
 from __future__ import annotations
 
+import base64
+import io
+import wave
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
@@ -18,12 +21,18 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ..control.interface import WerkControl
-from ..protocol import encode
-from ..protocol.media import ImageGenerationRequest
+from ..protocol import BackendError, InvalidRequest, encode
+from ..protocol.media import (
+    MAX_AUDIO_BYTES,
+    MAX_AUDIO_SECONDS,
+    ImageGenerationRequest,
+    SpeechRequest,
+    TranscriptionRequest,
+)
 from .auth import Authenticator
 from .errors import error_response, to_werk_error
 from .guard import admit
-from .requests import read_object, read_struct
+from .requests import decode_body, read_form, read_object, read_struct
 
 __all__ = ["openai_routes"]
 
@@ -117,6 +126,86 @@ def _images_route(
     return run
 
 
+def _speech_route(
+    control: WerkControl, auth: Authenticator
+) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/audio/speech``: validated here, answered with the audio file itself."""
+
+    async def run(request: Request) -> Response:
+        try:
+            principal = admit(request, auth)
+            parsed = await read_struct(request, SpeechRequest, IMAGE_REQUEST_BODY)
+            parsed.validate()
+            body: dict[str, Any] = msgspec.to_builtins(parsed)
+            reply = await control.openai_request(principal, "audio.speech", body)
+            if reply.content is None or reply.media_type is None:
+                raise BackendError("the backend answered speech without audio")
+            return Response(reply.content, 200, media_type=reply.media_type)
+        except Exception as exc:
+            return error_response(request, exc)
+
+    return run
+
+
+def _wav_seconds(data: bytes) -> float:
+    """The duration a WAV header declares; ``InvalidRequest`` for anything but PCM WAV."""
+    try:
+        with wave.open(io.BytesIO(data), "rb") as source:
+            rate, frames = source.getframerate(), source.getnframes()
+    except (wave.Error, EOFError) as exc:
+        raise InvalidRequest(f"'file' must be a WAV file of PCM samples ({exc})") from None
+    if rate <= 0:
+        raise InvalidRequest("'file' declares no sample rate")
+    return frames / rate
+
+
+def _transcription_route(
+    control: WerkControl, auth: Authenticator
+) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/audio/transcriptions``: a multipart upload (OpenAI's shape), bounded in bytes
+    and seconds, answered ``{"text"}`` (or plain text)."""
+
+    async def run(request: Request) -> Response:
+        try:
+            principal = admit(request, auth)
+            form = await read_form(request, MAX_AUDIO_BYTES + 64 * 1024)
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise InvalidRequest("'file' (the audio, a WAV upload) is required")
+            audio = await upload.read()
+            await form.close()
+            fields = {k: v for k, v in form.multi_items() if k != "file"}
+            if any(not isinstance(v, str) for v in fields.values()):
+                raise InvalidRequest("only 'file' may be a file")
+            parsed = decode_body(msgspec.json.encode(_typed(fields)), TranscriptionRequest)
+            if len(audio) > MAX_AUDIO_BYTES:
+                raise InvalidRequest(f"'file' is over {MAX_AUDIO_BYTES} bytes")
+            if _wav_seconds(audio) > MAX_AUDIO_SECONDS:
+                raise InvalidRequest(f"'file' is longer than {MAX_AUDIO_SECONDS} seconds")
+            body: dict[str, Any] = msgspec.to_builtins(parsed)
+            body["audio_b64"] = base64.b64encode(audio).decode("ascii")
+            reply = await control.openai_request(principal, "audio.transcriptions", body)
+            text = str((reply.body or {}).get("text", ""))
+            if parsed.response_format == "text":
+                return Response(text, 200, media_type="text/plain; charset=utf-8")
+            return Response(encode({"text": text}), 200, media_type="application/json")
+        except Exception as exc:
+            return error_response(request, exc)
+
+    return run
+
+
+def _typed(fields: dict[str, Any]) -> dict[str, Any]:
+    """Form values are strings: a numeric ``temperature`` becomes a number for validation."""
+    typed = dict(fields)
+    if "temperature" in typed:
+        try:
+            typed["temperature"] = float(typed["temperature"])
+        except ValueError:
+            raise InvalidRequest("'temperature' must be a number") from None
+    return typed
+
+
 def _models_route(
     control: WerkControl, auth: Authenticator
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -141,4 +230,8 @@ def openai_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
         ),
         Route("/v1/completions", _completion_route("completions", control, auth), methods=["POST"]),
         Route("/v1/images/generations", _images_route(control, auth), methods=["POST"]),
+        Route("/v1/audio/speech", _speech_route(control, auth), methods=["POST"]),
+        Route(
+            "/v1/audio/transcriptions", _transcription_route(control, auth), methods=["POST"]
+        ),
     ]

@@ -16,7 +16,7 @@ import msgspec
 
 from .._version import PROTOCOL_VERSION, __version__
 from ..protocol import ErrorBody, PrefillRequest, PruneFilter, PruneRequest
-from ..protocol.media import ImageGenerationRequest
+from ..protocol.media import ImageGenerationRequest, SpeechRequest
 from ..protocol.prefill import ModelId
 from .routes import ROUTE_SPECS
 
@@ -121,17 +121,22 @@ def _openai_body(required: str, schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _openai_paths(image_request: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The OpenAI-compatible routes Werk serves (request bodies up to 32 MiB; an image request
-    up to 64 KiB, validated by Werk against ``image_request``)."""
-    reply = {
-        "description": "The backend's reply: a JSON object, or with `stream: true` Server-Sent "
-        "Events of JSON chunks ending with `data: [DONE]`",
-        "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
-        },
-    }
+def _media_paths(image: dict[str, Any], speech: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The media routes: bodies validated by Werk (``image``/``speech`` are the request
+    schemas' references); a transcription is a multipart upload."""
+
+    def post(summary: str, op_id: str, body: dict[str, Any], ok: dict[str, Any]) -> Any:
+        return {
+            "post": {
+                "summary": summary,
+                "operationId": op_id,
+                "tags": ["openai"],
+                "security": [{"bearer": []}],
+                "requestBody": {"required": True, "content": body},
+                "responses": {"200": ok, "default": _OPENAI_ERROR},
+            }
+        }
+
     images = {
         "description": "The images, base64-encoded PNG (OpenAI shape)",
         "content": {
@@ -152,6 +157,67 @@ def _openai_paths(image_request: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     },
                 }
             }
+        },
+    }
+    audio = {
+        "description": "The audio file (WAV, 16-bit PCM)",
+        "content": {"audio/wav": {"schema": {"type": "string", "format": "binary"}}},
+    }
+    form = {
+        "type": "object",
+        "required": ["file", "model"],
+        "properties": {
+            "file": {"type": "string", "format": "binary", "description": "a PCM WAV, <= 600 s"},
+            "model": _MODEL_ID,
+            "language": {"type": "string", "maxLength": 16},
+            "prompt": {"type": "string", "maxLength": 4000},
+            "response_format": {"enum": ["json", "text"], "default": "json"},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+    }
+    text = {
+        "description": 'The transcript: `{"text"}`, or plain text with `response_format: text`',
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["text"],
+                    "properties": {"text": {"type": "string"}},
+                }
+            },
+            "text/plain": {"schema": {"type": "string"}},
+        },
+    }
+    return {
+        "/v1/images/generations": post(
+            "Generate images with the model's media backend",
+            "openai_images_generations",
+            {"application/json": {"schema": image}},
+            images,
+        ),
+        "/v1/audio/speech": post(
+            "Speak text with the model's media backend",
+            "openai_audio_speech",
+            {"application/json": {"schema": speech}},
+            audio,
+        ),
+        "/v1/audio/transcriptions": post(
+            "Transcribe an uploaded WAV with the model's media backend",
+            "openai_audio_transcriptions",
+            {"multipart/form-data": {"schema": form}},
+            text,
+        ),
+    }
+
+
+def _openai_paths() -> dict[str, dict[str, Any]]:
+    """The OpenAI-compatible text routes Werk serves (request bodies up to 32 MiB)."""
+    reply = {
+        "description": "The backend's reply: a JSON object, or with `stream: true` Server-Sent "
+        "Events of JSON chunks ending with `data: [DONE]`",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
         },
     }
     messages = {"type": "array", "items": {"type": "object"}, "minItems": 1}
@@ -217,26 +283,13 @@ def _openai_paths(image_request: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "/v1/completions": completion(
             "Text completion through the model's backend", "openai_completions", "prompt", prompt
         ),
-        "/v1/images/generations": {
-            "post": {
-                "summary": "Generate images with the model's media backend",
-                "operationId": "openai_images_generations",
-                "tags": ["openai"],
-                "security": [{"bearer": []}],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": image_request}},
-                },
-                "responses": {"200": images, "default": _OPENAI_ERROR},
-            }
-        },
     }
 
 
 def openapi_document() -> dict[str, Any]:
     structs = sorted(
         {t for s in ROUTE_SPECS for t in (s.request, s.response) if t is not None}
-        | {ErrorBody, ImageGenerationRequest},
+        | {ErrorBody, ImageGenerationRequest, SpeechRequest},
         key=lambda t: t.__name__,
     )
     refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
@@ -295,7 +348,11 @@ def openapi_document() -> dict[str, Any]:
             "version": PROTOCOL_VERSION,
             "x-werk-version": __version__,
         },
-        "paths": {**paths, **_openai_paths(ref_of[ImageGenerationRequest])},
+        "paths": {
+            **paths,
+            **_openai_paths(),
+            **_media_paths(ref_of[ImageGenerationRequest], ref_of[SpeechRequest]),
+        },
         "components": {
             "schemas": components,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

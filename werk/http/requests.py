@@ -8,6 +8,8 @@ import secrets
 from typing import Any, TypeVar
 
 import msgspec
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -147,6 +149,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body over {limit} bytes")
     _require_json(request)
+    return await _read_bounded(request, limit)
+
+
+async def _read_bounded(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body over {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     try:
@@ -205,3 +214,25 @@ async def read_struct(request: Request, type: type[_T], limit: int) -> _T:
 async def read_object(request: Request, limit: int) -> dict[str, Any]:
     """Read a bounded JSON body that must be an object (for ``/v1`` pass-through bodies)."""
     return decode(await read_body(request, limit), dict[str, Any])
+
+
+async def read_form(request: Request, limit: int) -> FormData:
+    """A bounded ``multipart/form-data`` body (one file at most), parsed after it was read
+    whole, so a huge upload is refused before any parsing."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "multipart/form-data":
+        raise UnsupportedMediaType("this route takes multipart/form-data (a file upload)")
+    body = await _read_bounded(request, limit)
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        return await Request(request.scope, replay).form(max_files=1, max_fields=16)
+    except (MultiPartException, ValueError, KeyError) as exc:
+        raise InvalidRequest(f"the multipart form is malformed: {exc}") from None

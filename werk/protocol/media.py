@@ -17,8 +17,13 @@ from .errors import InvalidRequest, Unsupported
 __all__ = [
     "IMAGE_SIDE_MAX",
     "IMAGE_SIDE_MIN",
+    "MAX_AUDIO_BYTES",
+    "MAX_AUDIO_SECONDS",
     "MAX_PROMPT_CHARS",
+    "MAX_SPEECH_CHARS",
     "ImageGenerationRequest",
+    "SpeechRequest",
+    "TranscriptionRequest",
 ]
 
 MAX_PROMPT_CHARS = 4000
@@ -26,6 +31,9 @@ IMAGE_SIDE_MIN, IMAGE_SIDE_MAX = 8, 1024
 MAX_IMAGES = 4
 MAX_STEPS = 100
 MAX_SEED = 2**32 - 1
+MAX_SPEECH_CHARS = 4096
+MAX_AUDIO_BYTES = 25 * 1024 * 1024
+MAX_AUDIO_SECONDS = 600
 
 
 class ImageGenerationRequest(Request, frozen=True, kw_only=True):
@@ -67,3 +75,35 @@ class ImageGenerationRequest(Request, frozen=True, kw_only=True):
             raise Unsupported(
                 "'response_format' 'url' (stored outputs) is not offered yet; use 'b64_json'"
             )
+
+
+class SpeechRequest(Request, frozen=True, kw_only=True):
+    """``POST /v1/audio/speech`` (OpenAI's shape; the answer is the audio itself).
+
+    :ivar response_format: ``wav`` (16-bit PCM); OpenAI's other formats are not offered.
+    :ivar seed: makes the audio reproducible (Werk's addition).
+    """
+
+    model: str
+    input: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SPEECH_CHARS)]
+    voice: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    response_format: Literal["wav", "mp3", "opus", "aac", "flac", "pcm"] = "wav"
+    speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
+    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
+
+    def validate(self) -> None:
+        if self.response_format != "wav":
+            raise Unsupported(
+                f"'response_format' {self.response_format!r} is not offered; use 'wav'"
+            )
+
+
+class TranscriptionRequest(Request, frozen=True, kw_only=True):
+    """``POST /v1/audio/transcriptions`` (multipart form, as OpenAI's): the form's fields
+    besides ``file``; the file must be a WAV of 16-bit PCM, at most 25 MiB and 600 s."""
+
+    model: str
+    language: Annotated[str, msgspec.Meta(max_length=16)] | None = None
+    prompt: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)] | None = None
+    response_format: Literal["json", "text"] = "json"
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None

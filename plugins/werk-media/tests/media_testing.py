@@ -22,6 +22,7 @@ from werk.testing.server import WerkServer
 WERK = Path(sys.executable).parent / "werk"
 BACKENDS = os.environ.get("WERK_BACKENDS_DIR", "")
 IMAGE_A, IMAGE_B = "tiny-image", "tiny-image-b"
+TTS, ASR = "tiny-tts", "tiny-asr"
 KEY = "media-key-0123456789abcdef"
 
 

@@ -90,8 +90,9 @@ def test_residency_reason_names_the_install_command(
     )
 
 
-def test_only_the_image_route_reaches_the_backend() -> None:
-    assert _pm().backends["media"].routes == ("images.generations",)
+def test_only_the_media_routes_reach_the_backend() -> None:
+    routes = _pm().backends["media"].routes
+    assert routes == ("images.generations", "audio.speech", "audio.transcriptions")
 
 
 def test_cross_restart_restore_is_not_advertised() -> None:

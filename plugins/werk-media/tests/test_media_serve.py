@@ -10,9 +10,11 @@ SIGKILLed.
 
 from __future__ import annotations
 
+import io
 import signal
 import threading
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +22,11 @@ import httpx
 import psutil
 import pytest
 from media_testing import (
+    ASR,
     IMAGE_A,
     IMAGE_B,
     KEY,
+    TTS,
     generate,
     png_of,
     require_backends,
@@ -37,7 +41,8 @@ pytestmark = pytest.mark.slow
 
 def _serve(home: Path, cache_size: str = "1") -> Iterator[WerkServer]:
     extra = {"WERK_BACKENDS_DIR": require_backends(), "WERK_MEDIA_PIPELINE_CACHE_SIZE": cache_size}
-    args = ["--model", IMAGE_A, "--model", IMAGE_B, "--api-key", KEY]
+    models = [arg for model in (IMAGE_A, IMAGE_B, TTS, ASR) for arg in ("--model", model)]
+    args = [*models, "--api-key", KEY]
     with werk_serve(home, None, args, env=extra) as server:
         yield server
 
@@ -90,6 +95,78 @@ def test_out_of_bounds_requests_are_refused_with_typed_errors(
     response = generate(served, **fields)
     assert response.status_code == status, response.text
     assert fragment in response.json()["error"]["message"]
+
+
+def _speech(server: WerkServer, **fields: object) -> httpx.Response:
+    body = {"model": TTS, "input": "hello there world", "seed": 3, **fields}
+    with server.client(KEY, timeout=600) as http:
+        return http.post("/v1/audio/speech", json=body)
+
+
+def _wav(data: bytes) -> tuple[int, int, int, int]:
+    with wave.open(io.BytesIO(data), "rb") as audio:
+        return audio.getnchannels(), audio.getsampwidth(), audio.getframerate(), audio.getnframes()
+
+
+def test_speech_is_a_valid_wav_and_reproducible_for_a_seed(served: WerkServer) -> None:
+    first = _speech(served)
+    assert first.status_code == 200, first.text
+    assert first.headers["content-type"] == "audio/wav"
+    channels, width, rate, frames = _wav(first.content)
+    assert (channels, width, rate) == (1, 2, 16000) and frames > 0
+    assert _speech(served).content == first.content
+    assert _speech(served, seed=4).content != first.content
+    refused = _speech(served, response_format="mp3")
+    assert refused.status_code == 501 and "use 'wav'" in refused.json()["error"]["message"]
+    wrong = _speech(served, model=ASR)
+    assert wrong.status_code == 400
+    assert "needs a text-to-speech model" in wrong.json()["error"]["message"]
+
+
+def _transcribe(server: WerkServer, audio: bytes, **fields: str) -> httpx.Response:
+    with server.client(KEY, timeout=600) as http:
+        return http.post(
+            "/v1/audio/transcriptions",
+            data={"model": ASR, **fields},
+            files={"file": ("speech.wav", audio, "audio/wav")},
+        )
+
+
+def _silence(seconds: int, rate: int) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(b"\0\0" * seconds * rate)
+    return buffer.getvalue()
+
+
+def test_a_transcription_of_a_wav_upload_answers_text(served: WerkServer) -> None:
+    speech = _speech(served).content
+    answer = _transcribe(served, speech)
+    assert answer.status_code == 200, answer.text
+    text = answer.json()["text"]
+    assert isinstance(text, str) and text  # random weights: some text, not meaning
+    plain = _transcribe(served, speech, response_format="text")
+    assert plain.headers["content-type"].startswith("text/plain") and plain.text == text
+    resampled = _transcribe(served, _silence(1, 8000))  # 8 kHz: resampled to the model's 16 kHz
+    assert resampled.status_code == 200, resampled.text
+
+
+def test_transcription_bounds_are_typed_errors(served: WerkServer) -> None:
+    not_wav = _transcribe(served, b"not a wav file at all")
+    assert not_wav.status_code == 400 and "WAV" in not_wav.json()["error"]["message"]
+    too_long = _transcribe(served, _silence(601, 100))
+    assert too_long.status_code == 400
+    assert "longer than 600 seconds" in too_long.json()["error"]["message"]
+    unknown = _transcribe(served, _silence(1, 16000), colour="blue")
+    assert unknown.status_code == 400 and "colour" in unknown.json()["error"]["message"]
+    with served.client(KEY) as http:
+        as_json = http.post("/v1/audio/transcriptions", json={"model": ASR})
+        no_file = http.post("/v1/audio/transcriptions", data={"model": ASR}, files={"x": b""})
+    assert as_json.status_code == 415
+    assert no_file.status_code == 400
 
 
 def test_a_chat_request_to_an_image_model_is_unsupported(served: WerkServer) -> None:

@@ -7,7 +7,8 @@ One request at a time over stdio, one JSON object per line (transport version 1)
   ``{"v": 1, "id": "r1", "ok": false, "error": {"kind": KIND, "message": TEXT}}``
 
 Operations: ``health`` (versions, pid, resident pipelines), ``capabilities`` (tasks this
-environment can run), ``probe-model`` (the task and pipeline class of a model directory),
+environment can run: Diffusers text-to-image, VITS text-to-speech, Transformers speech
+recognition), ``probe-model`` (the task and pipeline class of a model directory),
 ``estimate`` (weight bytes on disk), ``execute`` (run a task), ``unload`` (drop one pipeline).
 A frame of another transport version is refused (kind ``version``). The host ends the worker
 after any error reply and never sends an ``execute`` twice.
@@ -34,11 +35,18 @@ import json
 import os
 import sys
 import time
+import wave
 from pathlib import Path
 from typing import Any
 
 TRANSPORT_VERSION = 1
 TASK_TEXT_TO_IMAGE = "text-to-image"
+TASK_TEXT_TO_SPEECH = "text-to-speech"
+TASK_SPEECH_RECOGNITION = "automatic-speech-recognition"
+TASKS = (TASK_TEXT_TO_IMAGE, TASK_TEXT_TO_SPEECH, TASK_SPEECH_RECOGNITION)
+# Transformers architectures by task (config.json "architectures").
+SPEECH_ARCHITECTURES = ("VitsModel",)
+RECOGNITION_SUFFIXES = ("ForCTC", "ForSpeechSeq2Seq")
 
 
 class RequestError(Exception):
@@ -62,12 +70,20 @@ def _trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _module_bytes(pipeline: Any) -> int:
+def _module_bytes(loaded: Any) -> int:
+    """Parameter and buffer bytes of every torch module a loaded entry holds (shared tensors
+    once): a Diffusers pipeline's components, a Transformers pipeline's or a bare model."""
     import torch
 
+    if hasattr(loaded, "components"):
+        modules = list(loaded.components.values())
+    elif isinstance(loaded, torch.nn.Module):
+        modules = [loaded]
+    else:
+        modules = [getattr(loaded, "model", None)]
     seen: set[int] = set()
     total = 0
-    for component in getattr(pipeline, "components", {}).values():
+    for component in modules:
         if not isinstance(component, torch.nn.Module):
             continue
         for tensor in [*component.parameters(), *component.buffers()]:
@@ -89,7 +105,38 @@ def _task_of(path: Path) -> tuple[str, str]:
         if name.endswith("Pipeline") and "Img2Img" not in name and "Inpaint" not in name:
             return TASK_TEXT_TO_IMAGE, name
         raise RequestError("unsupported", f"the Diffusers pipeline {name or '?'} is not supported")
-    raise RequestError("unsupported", "not a Diffusers pipeline directory (no model_index.json)")
+    config = path / "config.json"
+    if config.is_file():
+        try:
+            architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures")
+        except (OSError, ValueError) as exc:
+            raise RequestError("invalid", f"config.json is unreadable: {exc}") from None
+        for name in architectures or []:
+            if name in SPEECH_ARCHITECTURES:
+                return TASK_TEXT_TO_SPEECH, name
+            if name.endswith(RECOGNITION_SUFFIXES):
+                return TASK_SPEECH_RECOGNITION, name
+        raise RequestError("unsupported", f"no supported task for architectures {architectures}")
+    raise RequestError("unsupported", "neither a Diffusers nor a Transformers model directory")
+
+
+def _load(path: str, task: str) -> Any:
+    if task == TASK_TEXT_TO_IMAGE:
+        from diffusers import DiffusionPipeline
+
+        pipeline = DiffusionPipeline.from_pretrained(path, local_files_only=True)
+        pipeline.set_progress_bar_config(disable=True)
+        return pipeline
+    if task == TASK_TEXT_TO_SPEECH:
+        # The model itself: Transformers 5.17's text-to-audio pipeline fails on VITS tokenizer
+        # output (BatchEncoding.to(dtype=...)).
+        from transformers import AutoTokenizer, VitsModel
+
+        model = VitsModel.from_pretrained(path, local_files_only=True).eval()
+        return (AutoTokenizer.from_pretrained(path, local_files_only=True), model)
+    from transformers import pipeline as transformers_pipeline
+
+    return transformers_pipeline(task, model=path, device="cpu")
 
 
 class Pipelines:
@@ -122,12 +169,10 @@ class Pipelines:
         while self._entries and len(self._entries) >= max(self.capacity, 1):
             self.drop(next(iter(self._entries)))  # evict before loading: lower peak memory
         task, _ = _task_of(Path(path))
-        from diffusers import DiffusionPipeline
-
-        pipeline = DiffusionPipeline.from_pretrained(path, local_files_only=True)
-        pipeline.set_progress_bar_config(disable=True)
-        self._entries[path] = (task, pipeline, _module_bytes(pipeline))
-        return pipeline
+        loaded = _load(path, task)
+        held = loaded[1] if isinstance(loaded, tuple) else loaded
+        self._entries[path] = (task, loaded, _module_bytes(held))
+        return loaded
 
     def after_request(self) -> None:
         while len(self._entries) > self.capacity:
@@ -172,11 +217,86 @@ def _text_to_image(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]
     return {"images": images, "seed": int(seed), "seconds": time.monotonic() - started}
 
 
+def _text_to_speech(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    tokenizer, model = pipelines.get(str(args["path"]))
+    seed = args.get("seed")
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "big")
+    torch.manual_seed(int(seed))
+    model.speaking_rate = float(args.get("speed") or 1.0)
+    started = time.monotonic()
+    inputs = tokenizer(str(args["input"]), return_tensors="pt")
+    if inputs["input_ids"].shape[-1] == 0:
+        raise RequestError("invalid", "the input has no characters this voice can speak")
+    with torch.no_grad():
+        waveform = model(**inputs).waveform[0].numpy()
+    peak = float(np.abs(waveform).max()) or 1.0
+    pcm = (np.clip(waveform / peak, -1.0, 1.0) * 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(int(model.config.sampling_rate))
+        out.writeframes(pcm.tobytes())
+    return {
+        "audio": base64.b64encode(buffer.getvalue()).decode("ascii"),
+        "content_type": "audio/wav",
+        "seed": int(seed),
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _read_wav(data: bytes) -> tuple[Any, int]:
+    """Mono float32 samples and the rate of a 16-bit PCM WAV."""
+    import numpy as np
+
+    try:
+        with wave.open(io.BytesIO(data), "rb") as source:
+            channels, width, rate = (
+                source.getnchannels(),
+                source.getsampwidth(),
+                source.getframerate(),
+            )
+            frames = source.readframes(source.getnframes())
+    except (wave.Error, EOFError) as exc:
+        raise RequestError("invalid", f"the audio is not a readable WAV file: {exc}") from None
+    if width != 2:
+        raise RequestError("invalid", "the WAV file must hold 16-bit PCM samples")
+    samples = np.frombuffer(frames, dtype="<i2").astype("float32") / 32768.0
+    if channels > 1:
+        samples = samples.reshape(-1, channels).mean(axis=1)
+    return samples, rate
+
+
+def _speech_recognition(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    recognizer = pipelines.get(str(args["path"]))
+    samples, rate = _read_wav(base64.b64decode(str(args["audio_b64"])))
+    wanted = int(getattr(recognizer.feature_extractor, "sampling_rate", rate))
+    if rate != wanted and len(samples):  # linear resampling to the model's rate
+        positions = np.linspace(0, len(samples) - 1, int(len(samples) * wanted / rate))
+        samples = np.interp(positions, np.arange(len(samples)), samples).astype("float32")
+    started = time.monotonic()
+    result = recognizer({"raw": samples, "sampling_rate": wanted})
+    return {"text": str(result.get("text", "")), "seconds": time.monotonic() - started}
+
+
+EXECUTORS = {
+    TASK_TEXT_TO_IMAGE: _text_to_image,
+    TASK_TEXT_TO_SPEECH: _text_to_speech,
+    TASK_SPEECH_RECOGNITION: _speech_recognition,
+}
+
+
 def _handle(pipelines: Pipelines, op: str, args: dict[str, Any]) -> dict[str, Any]:
     if op == "health":
         return {"pid": os.getpid(), "versions": _versions(), "resident": pipelines.resident()}
     if op == "capabilities":
-        return {"tasks": [TASK_TEXT_TO_IMAGE], "cache_size": pipelines.capacity}
+        return {"tasks": list(TASKS), "cache_size": pipelines.capacity}
     if op == "probe-model":
         task, name = _task_of(Path(str(args["path"])))
         return {"task": task, "pipeline": name}
@@ -187,11 +307,11 @@ def _handle(pipelines: Pipelines, op: str, args: dict[str, Any]) -> dict[str, An
     if op == "unload":
         return {"unloaded": pipelines.drop(str(args["path"])), "resident": pipelines.resident()}
     if op == "execute":
-        task = args.get("task")
-        if task != TASK_TEXT_TO_IMAGE:
-            raise RequestError("unsupported", f"task {task!r} is not supported by this worker")
+        executor = EXECUTORS.get(str(args.get("task")))
+        if executor is None:
+            raise RequestError("unsupported", f"task {args.get('task')!r} is not supported")
         try:
-            result = _text_to_image(pipelines, args)
+            result = executor(pipelines, args)
         finally:
             pipelines.after_request()
         result["resident"] = pipelines.resident()

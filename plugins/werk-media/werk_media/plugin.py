@@ -1,9 +1,10 @@
 """Werk hook implementations for the Diffusers/Transformers media worker (backend ``media``).
 
 ``werk backends install media`` builds the worker's environment (:mod:`.environment`),
-``werk models create-demo --kind image`` writes a tiny Stable Diffusion pipeline with it, and
-backend ``media`` serves ``POST /v1/images/generations`` through one companion worker process
-(:mod:`.worker`, protocol in ``_worker.py``) that keeps an LRU of loaded pipelines.
+``werk models create-demo --kind image|tts|asr`` writes tiny models with it, and backend
+``media`` serves ``POST /v1/images/generations`` (Diffusers), ``/v1/audio/speech`` (VITS) and
+``/v1/audio/transcriptions`` (Transformers speech recognition) through one companion worker
+process (:mod:`.worker`, protocol in ``_worker.py``) that keeps an LRU of loaded pipelines.
 
 Rows: ``runtime.model_residency`` is ``supported`` while the worker lives (the reason says
 whether the model's pipeline is resident now, and the LRU's capacity), ``unavailable`` before it
@@ -14,6 +15,7 @@ expert hook, so the host reports those rows ``unsupported`` (backend contract 1.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,10 +63,18 @@ class _Shared:
 
 
 def _pipeline_dir(spec: ModelSpec) -> Path:
+    """The model's directory: a Diffusers pipeline's (``model_index.json``), else the top-most
+    ``config.json``'s (a Transformers model)."""
     for path in spec.files:
         if path.name == "model_index.json":
             return path.parent
-    raise InvalidRequest(f"model {spec.id!r} is not a Diffusers pipeline (no model_index.json)")
+    configs = sorted((p for p in spec.files if p.name == "config.json"), key=lambda p: len(p.parts))
+    if configs:
+        return configs[0].parent
+    raise InvalidRequest(
+        f"model {spec.id!r} is neither a Diffusers pipeline (model_index.json) nor a "
+        "Transformers model (config.json)"
+    )
 
 
 async def _worker() -> MediaWorker:
@@ -129,7 +139,7 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             description="a resident Diffusers/Transformers media worker",
             start=start_runtime,
             stop=stop_runtime,
-            routes=("images.generations",),
+            routes=("images.generations", "audio.speech", "audio.transcriptions"),
         )
     )
 
@@ -184,23 +194,19 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     return [_residency(context)]
 
 
-@hookimpl
-async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
-    """``images.generations`` through the worker (the host validated every bound)."""
-    handle = runtime.handle
-    if not isinstance(handle, MediaHandle) or call.route != "images.generations":
-        return None
-    if not handle.worker.alive():
-        raise Unavailable(
-            "the media worker ended; the next request starts a new one", retryable=True
-        )
+ROUTE_TASKS = {
+    "images.generations": "text-to-image",
+    "audio.speech": "text-to-speech",
+    "audio.transcriptions": "automatic-speech-recognition",
+}
+
+
+def _arguments(call: OpenAICall, handle: MediaHandle) -> dict[str, object]:
     body = call.body
-    width, height = (int(side) for side in str(body["size"]).split("x"))
-    result = await handle.worker.request(
-        "execute",
-        {
-            "task": "text-to-image",
-            "path": str(handle.path),
+    common: dict[str, object] = {"task": handle.task, "path": str(handle.path)}
+    if call.route == "images.generations":
+        width, height = (int(side) for side in str(body["size"]).split("x"))
+        return common | {
             "prompt": body["prompt"],
             "negative_prompt": body.get("negative_prompt"),
             "n": body["n"],
@@ -209,7 +215,32 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
             "steps": body["steps"],
             "guidance_scale": body["guidance_scale"],
             "seed": body.get("seed"),
-        },
-    )
+        }
+    if call.route == "audio.speech":
+        return common | {"input": body["input"], "speed": body["speed"], "seed": body.get("seed")}
+    return common | {"audio_b64": body["audio_b64"]}
+
+
+@hookimpl
+async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
+    """The media routes through the worker (the host validated every bound)."""
+    handle = runtime.handle
+    if not isinstance(handle, MediaHandle) or call.route not in ROUTE_TASKS:
+        return None
+    if ROUTE_TASKS[call.route] != handle.task:
+        raise InvalidRequest(
+            f"model {runtime.model.id!r} serves {handle.task}; "
+            f"/v1/{call.route.replace('.', '/')} needs a {ROUTE_TASKS[call.route]} model"
+        )
+    if not handle.worker.alive():
+        raise Unavailable(
+            "the media worker ended; the next request starts a new one", retryable=True
+        )
+    result = await handle.worker.request("execute", _arguments(call, handle))
+    if call.route == "audio.speech":
+        audio = base64.b64decode(str(result["audio"]))
+        return OpenAIReply(content=audio, media_type=str(result["content_type"]))
+    if call.route == "audio.transcriptions":
+        return OpenAIReply(body={"text": str(result.get("text", ""))})
     images = [{"b64_json": str(image)} for image in result.get("images", [])]
     return OpenAIReply(body={"created": int(time.time()), "data": images})
