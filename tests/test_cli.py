@@ -272,3 +272,33 @@ def test_an_endpoint_backend_imports_a_model_without_files(werk_home: Path, tmp_
         failed = run(*args, home=werk_home)
         assert failed.returncode == 1 and message in failed.stderr, (args, failed.stderr)
     assert [m.name for m in (werk_home / "models").glob("*.json")] == ["far.json"]
+
+
+def test_a_model_directory_is_imported_with_every_file_under_it(
+    werk_home: Path, tmp_path: Path
+) -> None:
+    pipeline = tmp_path / "sd"
+    (pipeline / "unet").mkdir(parents=True)
+    (pipeline / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    (pipeline / "unet" / "config.json").write_text("{}")
+    (pipeline / "unet" / "weights.safetensors").write_bytes(b"\0" * 64)
+    (pipeline / ".cache").mkdir()
+    (pipeline / ".cache" / "lock").write_text("skipped")
+    done = run("models", "import", str(pipeline), "--id", "sd", "--json", home=werk_home)
+    assert done.returncode == 0, done.stderr
+    manifest = msgspec.json.decode(done.stdout)
+    assert manifest["backend"] == "media"  # model_index.json: a Diffusers pipeline
+    relative = sorted(str(Path(f["path"]).relative_to(pipeline)) for f in manifest["files"])
+    assert relative == ["model_index.json", "unet/config.json", "unet/weights.safetensors"]
+    llm = tmp_path / "llm"
+    llm.mkdir()
+    (llm / "config.json").write_text("{}")
+    ambiguous = run("models", "import", str(llm), "--id", "llm", home=werk_home)
+    assert ambiguous.returncode == 1
+    assert "can be served by media, vllm; pass --backend" in ambiguous.stderr
+    chosen = run("models", "import", str(llm), "--id", "llm", "--backend", "vllm", home=werk_home)
+    assert chosen.returncode == 0, chosen.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = run("models", "import", str(empty), "--id", "e", home=werk_home)
+    assert refused.returncode == 1 and "not a model" in refused.stderr

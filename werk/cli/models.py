@@ -26,6 +26,25 @@ ENDPOINT_FORMAT = "openai-endpoint"
 """A backend with this format serves a separately operated endpoint: its models have no files."""
 
 
+def _formats_of(paths: list[Path]) -> set[str]:
+    """The formats the paths name: a file's suffix (``gguf``); a Diffusers pipeline directory
+    (``model_index.json``) is ``diffusers``; another directory with a ``config.json`` is a
+    Hugging Face model (``hf`` or ``transformers``: more than one backend may serve it)."""
+    formats: set[str] = set()
+    for path in paths:
+        if not path.is_dir():
+            formats.add(path.suffix.lower().lstrip("."))
+        elif (path / "model_index.json").is_file():
+            formats.add("diffusers")
+        elif (path / "config.json").is_file():
+            formats.add("hf")
+        else:
+            raise InvalidRequest(
+                f"{path} is a directory without model_index.json or config.json: not a model"
+            )
+    return formats
+
+
 def _backend_for(paths: list[Path], backend: str | None) -> str:
     pm = get_plugin_manager()
     if backend is not None:
@@ -33,7 +52,16 @@ def _backend_for(paths: list[Path], backend: str | None) -> str:
             known = ", ".join(sorted(pm.backends)) or "none"
             raise InvalidRequest(f"no loaded plugin provides backend {backend!r} (loaded: {known})")
         return backend
-    suffixes = {p.suffix.lower().lstrip(".") for p in paths}
+    suffixes = _formats_of(paths)
+    if suffixes == {"hf"}:  # a Transformers directory: vLLM (LLMs) and media both take them
+        served = {"hf", "transformers"}
+        candidates = sorted(n for n, d in pm.backends.items() if served & set(d.formats))
+        if len(candidates) > 1:
+            raise InvalidRequest(
+                "a Hugging Face model directory can be served by "
+                f"{', '.join(candidates)}; pass --backend"
+            )
+        suffixes = {"hf", "transformers"} & {f for c in candidates for f in pm.backends[c].formats}
     matches = sorted(
         name for name, d in pm.backends.items() if suffixes and suffixes <= set(d.formats)
     )
@@ -43,6 +71,27 @@ def _backend_for(paths: list[Path], backend: str | None) -> str:
             f"({', '.join(sorted(pm.backends)) or 'no backends loaded'})"
         )
     return matches[0]
+
+
+def _expand(paths: list[Path]) -> list[Path]:
+    """Files as given; a directory becomes every regular file under it (hidden ones and
+    symbolic links skipped), in sorted order, so its identity covers every weight and config."""
+    files: list[Path] = []
+    for path in paths:
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = [
+            p
+            for p in sorted(path.rglob("*"))
+            if p.is_file()
+            and not p.is_symlink()
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        ]
+        if not found:
+            raise InvalidRequest(f"{path} holds no files")
+        files.extend(found)
+    return files
 
 
 @models_app.command("list")
@@ -74,7 +123,9 @@ def list_models(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -
 @models_app.command("import")
 def import_model(
     paths: list[Path] = typer.Argument(
-        None, help="Model file(s), e.g. a .gguf file; none for an endpoint backend."
+        None,
+        help="Model file(s) or a model directory (Diffusers, Transformers); none for an "
+        "endpoint backend.",
     ),
     model_id: str = typer.Option(..., "--id", help="The id clients will use (e.g. 'demo')."),
     backend: str | None = typer.Option(None, help="Backend name; inferred from the file type."),
@@ -96,7 +147,7 @@ def import_model(
         if paths and endpoint:
             raise InvalidRequest(f"backend {chosen!r} serves an endpoint: it takes no files")
         manifest = ModelRegistry(werk_home()).import_files(
-            paths, model_id=model_id, backend=chosen, endpoint=endpoint
+            _expand(paths), model_id=model_id, backend=chosen, endpoint=endpoint
         )
     if as_json:
         emit_json(manifest)
