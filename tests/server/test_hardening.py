@@ -44,6 +44,11 @@ OPENAI_ROUTES = (
     ("POST", "/v1/images/generations"),
     ("POST", "/v1/audio/speech"),
     ("POST", "/v1/audio/transcriptions"),
+    ("GET", "/v1/jobs"),
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs/{job_id}"),
+    ("DELETE", "/v1/jobs/{job_id}"),
+    ("GET", "/v1/outputs/{id}"),
 )
 ALL_ROUTES = (
     *((s.method, s.path) for s in ROUTE_SPECS),

@@ -270,6 +270,11 @@ def test_openapi_document_lists_exactly_the_served_routes(http: httpx.Client) ->
         ("POST", "/v1/images/generations"),
         ("POST", "/v1/audio/speech"),
         ("POST", "/v1/audio/transcriptions"),
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/{job_id}"),
+        ("DELETE", "/v1/jobs/{job_id}"),
+        ("GET", "/v1/outputs/{id}"),
     }
     assert listed == {(s.method, s.path) for s in ROUTE_SPECS} | openai
     images = document["paths"]["/v1/images/generations"]["post"]["requestBody"]["content"]

@@ -100,6 +100,11 @@ def test_document_lists_every_served_operation(api_schema: Any) -> None:
         ("POST", "/v1/images/generations"),
         ("POST", "/v1/audio/speech"),
         ("POST", "/v1/audio/transcriptions"),
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/{job_id}"),
+        ("DELETE", "/v1/jobs/{job_id}"),
+        ("GET", "/v1/outputs/{id}"),
     }
     assert served == set(OPERATIONS) | openai
 

@@ -12,6 +12,9 @@ import abc
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import anyio
+import anyio.abc
+
 from ..backends import OpenAIReply, OpenAIRoute
 from ..protocol import (
     CapabilitiesResponse,
@@ -114,6 +117,29 @@ class WerkControl(abc.ABC):
     # jobs ------------------------------------------------------------------------------------
     @abc.abstractmethod
     async def job(self, principal: str, job_id: str) -> JobRecord: ...
+
+    @abc.abstractmethod
+    async def jobs(self, principal: str) -> list[JobRecord]: ...
+
+    @abc.abstractmethod
+    async def submit_job(
+        self, principal: str, kind: OpenAIRoute, body: dict[str, Any]
+    ) -> JobRecord:
+        """Queue a validated media request as a durable job (see :mod:`werk.state.jobs`)."""
+
+    @abc.abstractmethod
+    async def cancel_job(self, principal: str, job_id: str) -> JobRecord: ...
+
+    @abc.abstractmethod
+    async def job_output(self, principal: str, output_id: str) -> tuple[bytes, str]: ...
+
+    @abc.abstractmethod
+    async def run_jobs(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run queued jobs one at a time until cancelled (the server's lifespan starts it with
+        ``TaskGroup.start``): first mark every unfinished record of an earlier server
+        ``failed``, then report started, then serve the queue."""
 
     # OpenAI-compatible /v1 ---------------------------------------------------------------------
     @abc.abstractmethod

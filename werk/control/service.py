@@ -8,13 +8,16 @@ threads so the event loop keeps serving.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import anyio
+import anyio.abc
 
 from .._version import PROTOCOL_VERSION, __version__
 from ..backends import (
@@ -46,7 +49,9 @@ from ..protocol import (
     ExpertList,
     InfoResponse,
     InvalidRequest,
+    JobError,
     JobRecord,
+    JobStatus,
     MemoryResponse,
     ModelInfo,
     ModelList,
@@ -60,6 +65,7 @@ from ..protocol import (
     PruneResult,
     ResidencyRequest,
     ResidencyResult,
+    ResourceExhausted,
     ServerInfo,
     StateList,
     StateSummary,
@@ -72,6 +78,7 @@ from ..protocol import (
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
+from ..state.jobs import JobStore
 from ..state.principals import cache_salt
 from .context import ServiceConfig
 from .gates import gate
@@ -84,6 +91,23 @@ from .volatile import VolatileStates
 __all__ = ["LocalControlService", "ServiceConfig"]
 
 log = logging.getLogger("werk.control")
+
+
+JOB_KINDS: tuple[OpenAIRoute, ...] = ("audio.speech", "images.generations")
+JOB_QUEUE_SIZE = 256
+
+
+def _job_artifact(kind: OpenAIRoute, reply: OpenAIReply) -> tuple[bytes, str]:
+    """The file a finished job keeps: the speech audio, or the (one) image as PNG."""
+    if kind == "audio.speech":
+        if reply.content is None or reply.media_type is None:
+            raise BackendError("the backend answered speech without audio")
+        return reply.content, reply.media_type
+    data = (reply.body or {}).get("data") or [{}]
+    encoded = data[0].get("b64_json") if isinstance(data[0], dict) else None
+    if not isinstance(encoded, str):
+        raise BackendError("the backend answered the image request without an image")
+    return base64.b64decode(encoded), "image/png"
 
 
 def _spec_of(model: ModelManifest | ModelSpec) -> ModelSpec:
@@ -114,6 +138,10 @@ class LocalControlService(WerkControl):
         self.volatile = VolatileStates(clock=clock)
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
         self.memory_manager = memory if memory is not None else MemoryManager()
+        self.job_store = JobStore(config.home, clock=clock)
+        self._job_queue = anyio.create_memory_object_stream[
+            tuple[str, str, OpenAIRoute, dict[str, Any]]
+        ](JOB_QUEUE_SIZE)
         self._engines: dict[str, ExpertEngine] = {}
         self.states = StateViews(self)
         self.flow = PrefillFlow(self)
@@ -317,7 +345,88 @@ class LocalControlService(WerkControl):
     # -- jobs --------------------------------------------------------------------------------
 
     async def job(self, principal: str, job_id: str) -> JobRecord:
-        raise NotFound("no such job")
+        return await anyio.to_thread.run_sync(self.job_store.get, principal, job_id)
+
+    async def jobs(self, principal: str) -> list[JobRecord]:
+        return await anyio.to_thread.run_sync(self.job_store.records, principal)
+
+    async def submit_job(
+        self, principal: str, kind: OpenAIRoute, body: dict[str, Any]
+    ) -> JobRecord:
+        if kind not in JOB_KINDS:
+            raise InvalidRequest(f"{kind} cannot run as a job (jobs: {', '.join(JOB_KINDS)})")
+        model = body.get("model")
+        spec = self.spec(model if isinstance(model, str) else "")
+        if kind not in self.pm.backends[spec.backend].routes:
+            raise Unsupported(
+                f"model {spec.id!r} (backend {spec.backend!r}) does not serve "
+                f"/v1/{kind.replace('.', '/')}"
+            )
+        if kind == "images.generations" and body.get("n", 1) != 1:
+            raise InvalidRequest("an image job makes one image: use 'n': 1")
+        record = await anyio.to_thread.run_sync(self.job_store.create, principal, kind, body)
+        try:
+            self._job_queue[0].send_nowait((record.id, principal, kind, body))
+        except anyio.WouldBlock:
+            await anyio.to_thread.run_sync(
+                functools.partial(
+                    self.job_store.update,
+                    record.id,
+                    status=JobStatus.FAILED,
+                    error=JobError(code="resource_exhausted", message="the job queue is full"),
+                )
+            )
+            raise ResourceExhausted("the job queue is full; retry later") from None
+        return record
+
+    async def cancel_job(self, principal: str, job_id: str) -> JobRecord:
+        return await anyio.to_thread.run_sync(self.job_store.cancel, principal, job_id)
+
+    async def job_output(self, principal: str, output_id: str) -> tuple[bytes, str]:
+        return await anyio.to_thread.run_sync(self.job_store.output, principal, output_id)
+
+    async def run_jobs(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        interrupted = await anyio.to_thread.run_sync(self.job_store.recover)
+        task_status.started()
+        if interrupted:
+            log.warning("%d unfinished job(s) of an earlier server marked failed", len(interrupted))
+        async for job_id, principal, kind, body in self._job_queue[1]:
+            await self._run_job(job_id, principal, kind, body)
+
+    async def _run_job(
+        self, job_id: str, principal: str, kind: OpenAIRoute, body: dict[str, Any]
+    ) -> None:
+        update = self.job_store.update
+        record = await anyio.to_thread.run_sync(self.job_store.get, principal, job_id)
+        if record.status is not JobStatus.QUEUED:
+            return  # cancelled while queued
+        await anyio.to_thread.run_sync(functools.partial(update, job_id, status=JobStatus.RUNNING))
+        changes: dict[str, Any]
+        try:
+            reply = await self.openai_request(principal, kind, body)
+            data, content_type = _job_artifact(kind, reply)
+            current = await anyio.to_thread.run_sync(self.job_store.get, principal, job_id)
+            if current.cancel_requested:
+                changes = {"status": JobStatus.CANCELLED}
+            else:
+                output = await anyio.to_thread.run_sync(
+                    self.job_store.save_output, job_id, data, content_type
+                )
+                changes = {"status": JobStatus.SUCCEEDED, "output": output}
+        except WerkError as exc:
+            changes = {
+                "status": JobStatus.FAILED,
+                "error": JobError(code=exc.code.value, message=exc.message),
+            }
+        except Exception:
+            log.exception("job %s failed", job_id)
+            changes = {
+                "status": JobStatus.FAILED,
+                "error": JobError(code="internal", message="the job failed inside Werk"),
+            }
+        await anyio.to_thread.run_sync(functools.partial(update, job_id, **changes))
 
     # -- OpenAI /v1 --------------------------------------------------------------------------
 

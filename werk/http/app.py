@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -25,13 +26,17 @@ __all__ = ["build_app"]
 
 
 def build_app(control: WerkControl, auth: Authenticator) -> Starlette:
-    """Assemble the application. Its lifespan closes ``control`` (stopping every runtime)."""
+    """Assemble the application. Its lifespan runs ``control``'s job queue and then closes
+    ``control`` (stopping every runtime)."""
     document = encode(openapi_document())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
-            yield
+            async with anyio.create_task_group() as jobs:
+                await jobs.start(control.run_jobs)  # interrupted jobs marked failed first
+                yield
+                jobs.cancel_scope.cancel()
         finally:
             await control.aclose()
 

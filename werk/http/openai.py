@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ..control.interface import WerkControl
-from ..protocol import BackendError, InvalidRequest, encode
+from ..protocol import BackendError, InvalidRequest, JobRecord, JobRequest, encode
 from ..protocol.media import (
     MAX_AUDIO_BYTES,
     MAX_AUDIO_SECONDS,
@@ -107,6 +107,67 @@ def _completion_route(
     return run
 
 
+def _backend_body(parsed: ImageGenerationRequest | SpeechRequest) -> dict[str, Any]:
+    """The validated request as the backend gets it (every member; ``async`` is Werk's)."""
+    body: dict[str, Any] = msgspec.to_builtins(parsed)
+    body.pop("async", None)
+    return body
+
+
+def _accepted(record: JobRecord) -> Response:
+    return Response(encode(record), 202, media_type="application/json")
+
+
+_JOB_REQUESTS: dict[str, type[ImageGenerationRequest] | type[SpeechRequest]] = {
+    "images.generations": ImageGenerationRequest,
+    "audio.speech": SpeechRequest,
+}
+
+
+def _job_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
+    """``/v1/jobs`` (submit, list), ``/v1/jobs/{id}`` (read, cancel), ``/v1/outputs/{id}``."""
+
+    async def submit_or_list(request: Request) -> Response:
+        try:
+            principal = admit(request, auth)
+            if request.method == "GET":
+                records = await control.jobs(principal)
+                return Response(encode({"object": "list", "data": records}), 200,
+                                media_type="application/json")  # fmt: skip
+            job = await read_struct(request, JobRequest, IMAGE_REQUEST_BODY)
+            parsed = decode_body(msgspec.json.encode(job.request), _JOB_REQUESTS[job.kind])
+            parsed.validate()
+            return _accepted(await control.submit_job(principal, job.kind, _backend_body(parsed)))
+        except Exception as exc:
+            return error_response(request, exc)
+
+    async def one(request: Request) -> Response:
+        try:
+            principal = admit(request, auth)
+            job_id = request.path_params["job_id"]
+            if request.method == "DELETE":
+                record = await control.cancel_job(principal, job_id)
+            else:
+                record = await control.job(principal, job_id)
+            return Response(encode(record), 200, media_type="application/json")
+        except Exception as exc:
+            return error_response(request, exc)
+
+    async def output(request: Request) -> Response:
+        try:
+            principal = admit(request, auth)
+            data, content_type = await control.job_output(principal, request.path_params["id"])
+            return Response(data, 200, media_type=content_type)
+        except Exception as exc:
+            return error_response(request, exc)
+
+    return [
+        Route("/v1/jobs", submit_or_list, methods=["GET", "POST"]),
+        Route("/v1/jobs/{job_id}", one, methods=["GET", "DELETE"]),
+        Route("/v1/outputs/{id}", output, methods=["GET"]),
+    ]
+
+
 def _images_route(
     control: WerkControl, auth: Authenticator
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -117,7 +178,9 @@ def _images_route(
             principal = admit(request, auth)
             parsed = await read_struct(request, ImageGenerationRequest, IMAGE_REQUEST_BODY)
             parsed.validate()
-            body: dict[str, Any] = msgspec.to_builtins(parsed)
+            body = _backend_body(parsed)
+            if parsed.as_job:
+                return _accepted(await control.submit_job(principal, "images.generations", body))
             reply = await control.openai_request(principal, "images.generations", body)
             return Response(encode(reply.body), 200, media_type="application/json")
         except Exception as exc:
@@ -136,7 +199,9 @@ def _speech_route(
             principal = admit(request, auth)
             parsed = await read_struct(request, SpeechRequest, IMAGE_REQUEST_BODY)
             parsed.validate()
-            body: dict[str, Any] = msgspec.to_builtins(parsed)
+            body = _backend_body(parsed)
+            if parsed.as_job:
+                return _accepted(await control.submit_job(principal, "audio.speech", body))
             reply = await control.openai_request(principal, "audio.speech", body)
             if reply.content is None or reply.media_type is None:
                 raise BackendError("the backend answered speech without audio")
@@ -231,7 +296,6 @@ def openai_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
         Route("/v1/completions", _completion_route("completions", control, auth), methods=["POST"]),
         Route("/v1/images/generations", _images_route(control, auth), methods=["POST"]),
         Route("/v1/audio/speech", _speech_route(control, auth), methods=["POST"]),
-        Route(
-            "/v1/audio/transcriptions", _transcription_route(control, auth), methods=["POST"]
-        ),
+        Route("/v1/audio/transcriptions", _transcription_route(control, auth), methods=["POST"]),
+        *_job_routes(control, auth),
     ]

@@ -15,7 +15,14 @@ from typing import Any
 import msgspec
 
 from .._version import PROTOCOL_VERSION, __version__
-from ..protocol import ErrorBody, PrefillRequest, PruneFilter, PruneRequest
+from ..protocol import (
+    ErrorBody,
+    JobRecord,
+    JobRequest,
+    PrefillRequest,
+    PruneFilter,
+    PruneRequest,
+)
 from ..protocol.media import ImageGenerationRequest, SpeechRequest
 from ..protocol.prefill import ModelId
 from .routes import ROUTE_SPECS
@@ -210,6 +217,74 @@ def _media_paths(image: dict[str, Any], speech: dict[str, Any]) -> dict[str, dic
     }
 
 
+def _job_paths(record: dict[str, Any], submit: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Durable media jobs (``record``/``submit`` are the schemas' references)."""
+
+    def op(summary: str, op_id: str, ok: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {
+            "summary": summary,
+            "operationId": op_id,
+            "tags": ["openai"],
+            "security": [{"bearer": []}],
+            "responses": {"default": _OPENAI_ERROR, **ok},
+            **extra,
+        }
+
+    one = {"200": {"description": "The job", "content": {"application/json": {"schema": record}}}}
+    listing = {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": record}},
+    }
+    path_id = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    out_id = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    accepted = {
+        "202": {"description": "Queued", "content": {"application/json": {"schema": record}}}
+    }
+    return {
+        "/v1/jobs": {
+            "get": op(
+                "Your jobs",
+                "openai_jobs",
+                {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": listing}},
+                    }
+                },
+            ),
+            "post": op(
+                "Run a media request as a durable job",
+                "openai_jobs_submit",
+                accepted,
+                requestBody={"required": True, "content": {"application/json": {"schema": submit}}},
+            ),
+        },
+        "/v1/jobs/{job_id}": {
+            "get": op("One of your jobs", "openai_job", one, parameters=path_id),
+            "delete": op(
+                "Cancel a job (a queued one at once, a running one when it ends)",
+                "openai_job_cancel",
+                one,
+                parameters=path_id,
+            ),
+        },
+        "/v1/outputs/{id}": {
+            "get": op(
+                "Download a file one of your jobs produced",
+                "openai_output",
+                {
+                    "200": {
+                        "description": "The file, with its content type",
+                        "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+                    }
+                },
+                parameters=out_id,
+            )
+        },
+    }
+
+
 def _openai_paths() -> dict[str, dict[str, Any]]:
     """The OpenAI-compatible text routes Werk serves (request bodies up to 32 MiB)."""
     reply = {
@@ -289,7 +364,7 @@ def _openai_paths() -> dict[str, dict[str, Any]]:
 def openapi_document() -> dict[str, Any]:
     structs = sorted(
         {t for s in ROUTE_SPECS for t in (s.request, s.response) if t is not None}
-        | {ErrorBody, ImageGenerationRequest, SpeechRequest},
+        | {ErrorBody, ImageGenerationRequest, SpeechRequest, JobRecord, JobRequest},
         key=lambda t: t.__name__,
     )
     refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
@@ -352,6 +427,7 @@ def openapi_document() -> dict[str, Any]:
             **paths,
             **_openai_paths(),
             **_media_paths(ref_of[ImageGenerationRequest], ref_of[SpeechRequest]),
+            **_job_paths(ref_of[JobRecord], ref_of[JobRequest]),
         },
         "components": {
             "schemas": components,

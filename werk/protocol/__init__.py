@@ -40,7 +40,7 @@ from .errors import (
     error_class,
 )
 from .info import AuthMode, InfoResponse, ModelRef, PluginInfo, PluginStatus, ServerInfo
-from .jobs import JobError, JobRecord, JobStatus
+from .jobs import TERMINAL_JOB_STATUSES, JobError, JobOutput, JobRecord, JobRequest, JobStatus
 from .memory import (
     AcceleratorMemory,
     HostMemory,
@@ -105,6 +105,7 @@ __all__ = [
     "HTTP_STATUS",
     "MAX_COMPLETION_BYTES",
     "PROTOCOL_VERSION",
+    "TERMINAL_JOB_STATUSES",
     "TTL_MAX_SECONDS",
     "TTL_MIN_SECONDS",
     "AcceleratorMemory",
@@ -139,7 +140,9 @@ __all__ = [
     "InvalidHandoff",
     "InvalidRequest",
     "JobError",
+    "JobOutput",
     "JobRecord",
+    "JobRequest",
     "JobStatus",
     "ManagedMemory",
     "MemoryCounters",

@@ -1,13 +1,30 @@
-"""Job records (§8). Jobs are principal-scoped like states."""
+"""Job records (§8). Jobs are principal-scoped like states.
+
+A job-backed media request (``"async": true`` on ``/v1/audio/speech`` or
+``/v1/images/generations``, or ``POST /v1/jobs``) is stored as a :class:`JobRecord` under
+``WERK_HOME/jobs``; its status moves ``queued`` → ``running`` → ``succeeded`` | ``failed`` |
+``cancelled``. A record is durable: terminal records survive a restart, and a record found
+``queued`` or ``running`` at startup becomes ``failed`` ("interrupted by a server restart"),
+never resumed. What a job produced is an :class:`JobOutput`, downloaded from its ``url``.
+"""
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from .base import Response
+import msgspec
 
-__all__ = ["JobError", "JobRecord", "JobStatus"]
+from .base import Request, Response
+
+__all__ = [
+    "TERMINAL_JOB_STATUSES",
+    "JobError",
+    "JobOutput",
+    "JobRecord",
+    "JobRequest",
+    "JobStatus",
+]
 
 
 class JobStatus(enum.StrEnum):
@@ -18,9 +35,21 @@ class JobStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+TERMINAL_JOB_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
 class JobError(Response, frozen=True, kw_only=True):
     code: str
     message: str
+
+
+class JobOutput(Response, frozen=True, kw_only=True):
+    """A file a job produced: ``GET url`` (``/v1/outputs/{id}``) downloads it."""
+
+    id: str
+    url: str
+    content_type: str
+    bytes: int
 
 
 class JobRecord(Response, frozen=True, kw_only=True):
@@ -31,3 +60,18 @@ class JobRecord(Response, frozen=True, kw_only=True):
     updated_at: str
     result: dict[str, Any] | None = None
     error: JobError | None = None
+    output: JobOutput | None = None
+    cancel_requested: bool = False
+    request: dict[str, Any] | None = None
+    """The request as validated (media bytes left out)."""
+
+
+class JobRequest(Request, frozen=True, kw_only=True):
+    """``POST /v1/jobs``: run one media request as a job.
+
+    :ivar kind: the ``/v1`` route (``audio.speech`` or ``images.generations``).
+    :ivar request: that route's request body.
+    """
+
+    kind: Literal["audio.speech", "images.generations"]
+    request: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]

@@ -55,6 +55,8 @@ class ImageGenerationRequest(Request, frozen=True, kw_only=True):
     guidance_scale: Annotated[float, msgspec.Meta(ge=0.0, le=30.0)] = 7.5
     negative_prompt: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)] | None = None
     user: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    as_job: bool = msgspec.field(default=False, name="async")
+    """``"async": true``: answer ``202`` with a durable job instead of waiting (then ``n`` 1)."""
 
     def dimensions(self) -> tuple[int, int]:
         """``(width, height)`` from :attr:`size`; ``InvalidRequest`` when out of bounds."""
@@ -90,6 +92,8 @@ class SpeechRequest(Request, frozen=True, kw_only=True):
     response_format: Literal["wav", "mp3", "opus", "aac", "flac", "pcm"] = "wav"
     speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
     seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
+    as_job: bool = msgspec.field(default=False, name="async")
+    """``"async": true``: answer ``202`` with a durable job whose output is the audio."""
 
     def validate(self) -> None:
         if self.response_format != "wav":

@@ -62,7 +62,10 @@ def png_of(response: httpx.Response) -> tuple[bytes, Image.Image]:
     return raw, image
 
 
-def workers() -> list[psutil.Process]:
+def workers(home: Path) -> list[psutil.Process]:
+    """Live media workers of the ``werk serve`` using ``home`` (their working directory is
+    under ``home/backends/media-runs``), not those of other servers on the machine."""
+    runs = str(home / "backends" / "media-runs")
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
@@ -71,6 +74,7 @@ def workers() -> list[psutil.Process]:
                 len(cmdline) >= 2
                 and cmdline[1].endswith("werk_media/_worker.py")
                 and proc.info["status"] != psutil.STATUS_ZOMBIE
+                and proc.cwd().startswith(runs)
             ):
                 found.append(proc)
         except psutil.Error:

@@ -181,7 +181,7 @@ def test_a_worker_killed_mid_generation_fails_the_request_and_the_next_starts_co
     served: WerkServer,
 ) -> None:
     assert generate(served).status_code == 200
-    (worker,) = workers()
+    (worker,) = workers(served.home)
     outcome: dict[str, httpx.Response] = {}
 
     def slow() -> None:  # 512x512 with 100 steps: seconds of work to interrupt
@@ -203,7 +203,7 @@ def test_a_worker_killed_mid_generation_fails_the_request_and_the_next_starts_co
     assert not psutil.pid_exists(worker.pid)  # reaped by werk serve, not left a zombie
     again = generate(served)
     assert again.status_code == 200, again.text
-    (fresh,) = workers()
+    (fresh,) = workers(served.home)
     assert fresh.pid != worker.pid
 
 
@@ -231,11 +231,11 @@ def test_with_two_pipeline_slots_both_stay_resident(media_home: Path) -> None:
 
 def test_sigkill_of_werk_serve_leaves_no_media_worker(served: WerkServer) -> None:
     assert generate(served).status_code == 200
-    pids = {w.pid for w in workers()}
+    pids = {w.pid for w in workers(served.home)}
     assert pids
     served.process.send_signal(signal.SIGKILL)
     served.process.wait()
     deadline = time.monotonic() + 30
-    while [w for w in workers() if w.pid in pids] and time.monotonic() < deadline:
+    while [w for w in workers(served.home) if w.pid in pids] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [w for w in workers() if w.pid in pids] == []
+    assert [w for w in workers(served.home) if w.pid in pids] == []

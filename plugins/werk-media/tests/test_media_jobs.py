@@ -1,0 +1,116 @@
+"""Durable media jobs through a real ``werk serve`` and the real media worker.
+
+``"async": true`` on ``/v1/audio/speech`` answers ``202`` with a queued job that runs to
+``succeeded`` with a downloadable WAV; jobs are private to their API key; ``DELETE`` cancels a
+queued job; a ``werk serve`` SIGKILLed mid-job leaves a record that the next server marks
+``failed`` ("interrupted by a server restart") while a finished job and its output stay intact.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+import pytest
+from media_testing import IMAGE_A, KEY, TTS, require_backends
+
+from werk.testing.server import WerkServer, werk_serve
+
+pytestmark = pytest.mark.slow
+
+OTHER_KEY = "media-key-other-987654321"
+SLOW_IMAGE = {"model": IMAGE_A, "prompt": "slow", "size": "128x128", "steps": 60, "seed": 1}
+"""About 6 s of work on two idle cores: caught running, yet quick to wait for."""
+
+
+def _server(home: Path) -> Any:
+    extra = {"WERK_BACKENDS_DIR": require_backends()}
+    args = ["--model", TTS, "--model", IMAGE_A, "--api-key", KEY, "--api-key", OTHER_KEY]
+    return werk_serve(home, None, args, env=extra)
+
+
+def _post(server: WerkServer, path: str, body: dict[str, Any], key: str = KEY) -> Any:
+    with server.client(key, timeout=600) as http:
+        return http.post(path, json=body)
+
+
+def _get(server: WerkServer, path: str, key: str = KEY) -> Any:
+    with server.client(key, timeout=60) as http:
+        return http.get(path)
+
+
+def _wait(server: WerkServer, job_id: str, *statuses: str, timeout: float = 300) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        record = _get(server, f"/v1/jobs/{job_id}").json()
+        if record["status"] in statuses:
+            return record
+        assert time.monotonic() < deadline, record
+        time.sleep(0.2)
+
+
+def test_an_async_speech_job_runs_to_a_downloadable_wav_private_to_its_key(
+    media_home: Path,
+) -> None:
+    with _server(media_home) as server:
+        accepted = _post(server, "/v1/audio/speech", {"model": TTS, "input": "hi", "async": True})
+        assert accepted.status_code == 202, accepted.text
+        job = accepted.json()
+        assert job["status"] == "queued" and job["kind"] == "audio.speech"
+        assert "async" not in job["request"]
+        done = _wait(server, job["id"], "succeeded", "failed")
+        assert done["status"] == "succeeded", done
+        output = done["output"]
+        assert output["url"] == f"/v1/outputs/{output['id']}"
+        assert output["content_type"] == "audio/wav"
+        audio = _get(server, output["url"])
+        assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
+        assert len(audio.content) == output["bytes"]
+        with wave.open(io.BytesIO(audio.content), "rb") as parsed:
+            assert parsed.getnframes() > 0
+        assert _get(server, f"/werk/v1/jobs/{job['id']}").json()["status"] == "succeeded"
+        # Another API key sees none of it.
+        assert _get(server, f"/v1/jobs/{job['id']}", OTHER_KEY).status_code == 404
+        assert _get(server, output["url"], OTHER_KEY).status_code == 404
+        assert _get(server, f"/werk/v1/jobs/{job['id']}", OTHER_KEY).status_code == 404
+        assert _get(server, "/v1/jobs", OTHER_KEY).json()["data"] == []
+
+
+def test_delete_cancels_a_queued_job(media_home: Path) -> None:
+    with _server(media_home) as server:
+        slow = _post(server, "/v1/jobs", {"kind": "images.generations", "request": SLOW_IMAGE})
+        assert slow.status_code == 202, slow.text
+        queued = _post(server, "/v1/audio/speech", {"model": TTS, "input": "x", "async": True})
+        with server.client(KEY) as http:
+            cancelled = http.delete(f"/v1/jobs/{queued.json()['id']}")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        image = _wait(server, slow.json()["id"], "succeeded", "failed")
+        assert image["status"] == "succeeded" and image["output"]["content_type"] == "image/png"
+        assert _get(server, f"/v1/jobs/{queued.json()['id']}").json()["status"] == "cancelled"
+
+
+def test_a_restart_fails_the_interrupted_job_and_keeps_the_finished_one(
+    media_home: Path,
+) -> None:
+    with _server(media_home) as server:
+        first = _post(server, "/v1/audio/speech", {"model": TTS, "input": "kept", "async": True})
+        finished = _wait(server, first.json()["id"], "succeeded")
+        slow = _post(server, "/v1/jobs", {"kind": "images.generations", "request": SLOW_IMAGE})
+        _wait(server, slow.json()["id"], "running")
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+    with _server(media_home) as again:
+        interrupted = _get(again, f"/v1/jobs/{slow.json()['id']}").json()
+        assert interrupted["status"] == "failed"
+        assert interrupted["error"] == {
+            "code": "interrupted",
+            "message": "interrupted by a server restart",
+        }
+        kept = _get(again, f"/v1/jobs/{finished['id']}").json()
+        assert kept == finished
+        audio = _get(again, finished["output"]["url"])
+        assert audio.status_code == 200 and len(audio.content) == finished["output"]["bytes"]
