@@ -87,3 +87,17 @@ def test_the_guides_toy_passes_the_conformance_kit(toy: Path, tmp_path: Path) ->
         sys.modules.pop("werk_toy", None)
     assert report.ok, report.summary()
     assert "claim runtime.state.restore supported" in {c.name for c in report.checks if c.passed}
+
+
+def test_the_guide_lists_exactly_the_public_names() -> None:
+    """docs/plugins.md says its table of public names is exactly ``werk.__all__``."""
+    import re
+
+    import werk
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    start = text.index("| group | names |")
+    table = text[start : text.index("\n\n", start)]
+    quoted = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", table))
+    hooks = {n for n in quoted if n.startswith("werk_") and n != "werk_home"}  # explanations
+    assert quoted - hooks == set(werk.__all__)

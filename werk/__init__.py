@@ -39,6 +39,7 @@ from .environments import (
     EnvironmentStatus,
     InstallStep,
     ManagedEnvironment,
+    configured_python,
 )
 from .hookspecs import hookimpl, hookspec
 from .models import ModelManifest, ModelRegistry
@@ -150,6 +151,7 @@ __all__ = [
     "WerkTimeout",
     "WorkDir",
     "__version__",
+    "configured_python",
     "create_private_file",
     "free_port",
     "fsync_dir",

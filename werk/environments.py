@@ -42,7 +42,7 @@ from typing import TextIO
 
 from ._fs import replace_private_file
 from .config import backends_dir
-from .protocol import Conflict, InvalidRequest, Unavailable
+from .protocol import CapabilityId, Conflict, InvalidRequest, Unavailable
 
 __all__ = [
     "EnvironmentSpec",
@@ -50,6 +50,7 @@ __all__ = [
     "EnvironmentStatus",
     "InstallStep",
     "ManagedEnvironment",
+    "configured_python",
 ]
 
 RECORD_SCHEMA = 1
@@ -377,3 +378,24 @@ def _base_python() -> Path:
     would depend on that venv)."""
     base = getattr(sys, "_base_executable", None) or sys.executable
     return Path(base)
+
+
+def configured_python(variable: str) -> Path | None:
+    """The interpreter the environment variable ``variable`` names (``WERK_VLLM_PYTHON``,
+    ``WERK_MEDIA_PYTHON``: an explicit choice that wins over a managed environment), ``None``
+    when it is unset or empty.
+
+    :raises werk.Unavailable: (``runtime.model_residency``, not retryable) it names no
+        executable file.
+    """
+    configured = os.environ.get(variable)
+    if not configured:
+        return None
+    path = Path(configured)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise Unavailable(
+            f"{variable}={configured} is not an executable",
+            capability=CapabilityId.MODEL_RESIDENCY,
+            retryable=False,
+        )
+    return path

@@ -69,6 +69,22 @@ def import_model(home: Path, site: Path, model_id: str, seed_text: str = "weight
     return model_file
 
 
+OPENAI_ROUTES = (
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/images/generations"),
+    ("POST", "/v1/audio/speech"),
+    ("POST", "/v1/audio/transcriptions"),
+    ("GET", "/v1/jobs"),
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs/{job_id}"),
+    ("DELETE", "/v1/jobs/{job_id}"),
+    ("GET", "/v1/outputs/{id}"),
+)
+"""Every OpenAI-compatible route Werk serves (method, path), as the tests expect them."""
+
+
 SpawnServer = Callable[..., WerkServer]
 """The ``spawn_server`` fixture's factory (conftest.py)."""
 

@@ -54,6 +54,7 @@ def auth_server(werk_home: Path, testkv_site: Path) -> Iterator[WerkServer]:
 
 # -- module-scoped servers (appended for test_routes / isolation / policy / openai / client) ----
 
+
 @pytest.fixture(scope="module")
 def spawn_server(
     tmp_path_factory: pytest.TempPathFactory, testkv_site: Path

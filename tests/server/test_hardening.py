@@ -18,6 +18,7 @@ import h11
 import httpx
 import pytest
 from _server import (
+    OPENAI_ROUTES,
     WERK,
     ErrorBodyCheck,
     WerkServer,
@@ -37,19 +38,6 @@ HEADER_TIMEOUT = 2.0  # seconds; `werk serve --header-timeout` (default 10 s)
 PUBLIC_ROUTES = frozenset({("GET", "/werk/v1/health")})
 """The deliberate exceptions to "every route needs a key": the liveness probe only."""
 
-OPENAI_ROUTES = (
-    ("GET", "/v1/models"),
-    ("POST", "/v1/chat/completions"),
-    ("POST", "/v1/completions"),
-    ("POST", "/v1/images/generations"),
-    ("POST", "/v1/audio/speech"),
-    ("POST", "/v1/audio/transcriptions"),
-    ("GET", "/v1/jobs"),
-    ("POST", "/v1/jobs"),
-    ("GET", "/v1/jobs/{job_id}"),
-    ("DELETE", "/v1/jobs/{job_id}"),
-    ("GET", "/v1/outputs/{id}"),
-)
 ALL_ROUTES = (
     *((s.method, s.path) for s in ROUTE_SPECS),
     ("GET", "/werk/v1/openapi.json"),

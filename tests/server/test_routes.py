@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 import pytest
-from _server import WerkServer
+from _server import OPENAI_ROUTES, WerkServer
 
 from werk.http.openapi import openapi_document
 from werk.http.routes import ROUTE_SPECS, SMALL_BODY
@@ -263,19 +263,7 @@ def test_openapi_document_lists_exactly_the_served_routes(http: httpx.Client) ->
     assert document["openapi"] == "3.1.0"
     assert document == msgspec.json.decode(msgspec.json.encode(openapi_document()))
     listed = {(m.upper(), path) for path, ops in document["paths"].items() for m in ops}
-    openai = {
-        ("GET", "/v1/models"),
-        ("POST", "/v1/chat/completions"),
-        ("POST", "/v1/completions"),
-        ("POST", "/v1/images/generations"),
-        ("POST", "/v1/audio/speech"),
-        ("POST", "/v1/audio/transcriptions"),
-        ("GET", "/v1/jobs"),
-        ("POST", "/v1/jobs"),
-        ("GET", "/v1/jobs/{job_id}"),
-        ("DELETE", "/v1/jobs/{job_id}"),
-        ("GET", "/v1/outputs/{id}"),
-    }
+    openai = set(OPENAI_ROUTES)
     assert listed == {(s.method, s.path) for s in ROUTE_SPECS} | openai
     images = document["paths"]["/v1/images/generations"]["post"]["requestBody"]["content"]
     reference = images["application/json"]["schema"]["$ref"]

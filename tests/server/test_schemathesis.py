@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from _server import WerkServer, import_model, werk_serve
+from _server import OPENAI_ROUTES, WerkServer, import_model, werk_serve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,19 +93,7 @@ def test_document_lists_every_served_operation(api_schema: Any) -> None:
         served.add((operation.method.upper(), operation.path))
     # The /v1 routes are published too; they are not fuzzed here (their bodies are the
     # backend's to validate, and tests/server/test_openai_sdk.py drives them with the SDK).
-    openai = {
-        ("GET", "/v1/models"),
-        ("POST", "/v1/chat/completions"),
-        ("POST", "/v1/completions"),
-        ("POST", "/v1/images/generations"),
-        ("POST", "/v1/audio/speech"),
-        ("POST", "/v1/audio/transcriptions"),
-        ("GET", "/v1/jobs"),
-        ("POST", "/v1/jobs"),
-        ("GET", "/v1/jobs/{job_id}"),
-        ("DELETE", "/v1/jobs/{job_id}"),
-        ("GET", "/v1/outputs/{id}"),
-    }
+    openai = set(OPENAI_ROUTES)
     assert served == set(OPERATIONS) | openai
 
 

@@ -20,6 +20,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from ..backends import OpenAIReply
 from ..control.interface import WerkControl
 from ..protocol import BackendError, InvalidRequest, JobRecord, JobRequest, encode
 from ..protocol.media import (
@@ -37,7 +38,7 @@ from .requests import decode_body, read_form, read_object, read_struct
 __all__ = ["openai_routes"]
 
 OPENAI_BODY = 32 * 1024 * 1024
-IMAGE_REQUEST_BODY = 64 * 1024
+MEDIA_REQUEST_BODY = 64 * 1024
 
 
 async def _aclose(stream: AsyncIterator[bytes]) -> None:
@@ -134,7 +135,7 @@ def _job_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
                 records = await control.jobs(principal)
                 return Response(encode({"object": "list", "data": records}), 200,
                                 media_type="application/json")  # fmt: skip
-            job = await read_struct(request, JobRequest, IMAGE_REQUEST_BODY)
+            job = await read_struct(request, JobRequest, MEDIA_REQUEST_BODY)
             parsed = decode_body(msgspec.json.encode(job.request), _JOB_REQUESTS[job.kind])
             parsed.validate()
             return _accepted(await control.submit_job(principal, job.kind, _backend_body(parsed)))
@@ -168,44 +169,35 @@ def _job_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
     ]
 
 
-def _images_route(
-    control: WerkControl, auth: Authenticator
+def _json_answer(reply: OpenAIReply) -> Response:
+    return Response(encode(reply.body), 200, media_type="application/json")
+
+
+def _file_answer(reply: OpenAIReply) -> Response:
+    if reply.content is None or reply.media_type is None:
+        raise BackendError("the backend answered without the file it was asked for")
+    return Response(reply.content, 200, media_type=reply.media_type)
+
+
+def _media_route(
+    control: WerkControl,
+    auth: Authenticator,
+    kind: Literal["images.generations", "audio.speech"],
+    request_type: type[ImageGenerationRequest] | type[SpeechRequest],
+    answer: Callable[[OpenAIReply], Response],
 ) -> Callable[[Request], Awaitable[Response]]:
-    """``POST /v1/images/generations``: validated here (every bound), then to the backend."""
+    """``POST /v1/images/generations`` and ``/v1/audio/speech``: validated here (every bound),
+    then to the backend — or, with ``"async": true``, queued as a durable job (``202``)."""
 
     async def run(request: Request) -> Response:
         try:
             principal = admit(request, auth)
-            parsed = await read_struct(request, ImageGenerationRequest, IMAGE_REQUEST_BODY)
+            parsed = await read_struct(request, request_type, MEDIA_REQUEST_BODY)
             parsed.validate()
             body = _backend_body(parsed)
             if parsed.as_job:
-                return _accepted(await control.submit_job(principal, "images.generations", body))
-            reply = await control.openai_request(principal, "images.generations", body)
-            return Response(encode(reply.body), 200, media_type="application/json")
-        except Exception as exc:
-            return error_response(request, exc)
-
-    return run
-
-
-def _speech_route(
-    control: WerkControl, auth: Authenticator
-) -> Callable[[Request], Awaitable[Response]]:
-    """``POST /v1/audio/speech``: validated here, answered with the audio file itself."""
-
-    async def run(request: Request) -> Response:
-        try:
-            principal = admit(request, auth)
-            parsed = await read_struct(request, SpeechRequest, IMAGE_REQUEST_BODY)
-            parsed.validate()
-            body = _backend_body(parsed)
-            if parsed.as_job:
-                return _accepted(await control.submit_job(principal, "audio.speech", body))
-            reply = await control.openai_request(principal, "audio.speech", body)
-            if reply.content is None or reply.media_type is None:
-                raise BackendError("the backend answered speech without audio")
-            return Response(reply.content, 200, media_type=reply.media_type)
+                return _accepted(await control.submit_job(principal, kind, body))
+            return answer(await control.openai_request(principal, kind, body))
         except Exception as exc:
             return error_response(request, exc)
 
@@ -294,8 +286,16 @@ def openai_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
             methods=["POST"],
         ),
         Route("/v1/completions", _completion_route("completions", control, auth), methods=["POST"]),
-        Route("/v1/images/generations", _images_route(control, auth), methods=["POST"]),
-        Route("/v1/audio/speech", _speech_route(control, auth), methods=["POST"]),
+        Route(
+            "/v1/images/generations",
+            _media_route(control, auth, "images.generations", ImageGenerationRequest, _json_answer),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/audio/speech",
+            _media_route(control, auth, "audio.speech", SpeechRequest, _file_answer),
+            methods=["POST"],
+        ),
         Route("/v1/audio/transcriptions", _transcription_route(control, auth), methods=["POST"]),
         *_job_routes(control, auth),
     ]

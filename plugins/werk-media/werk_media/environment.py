@@ -11,12 +11,18 @@ Transformers, Pillow, safetensors). :func:`locate` says which, and reasons name 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from werk import CapabilityId, EnvironmentSpec, ManagedEnvironment, Unavailable, werk_home
+from werk import (
+    CapabilityId,
+    EnvironmentSpec,
+    ManagedEnvironment,
+    Unavailable,
+    configured_python,
+    werk_home,
+)
 
 __all__ = [
     "INSTALL_HINT",
@@ -68,16 +74,9 @@ def _libraries_here() -> bool:
 
 def locate() -> MediaPython:
     """The media python, in the documented order; ``Unavailable`` naming the install command."""
-    configured = os.environ.get(PYTHON_ENV)
-    if configured:
-        path = Path(configured)
-        if not os.access(path, os.X_OK):
-            raise Unavailable(
-                f"{PYTHON_ENV}={configured} is not an executable",
-                capability=CapabilityId.MODEL_RESIDENCY,
-                retryable=False,
-            )
-        return MediaPython(path, PYTHON_ENV)
+    configured = configured_python(PYTHON_ENV)
+    if configured is not None:
+        return MediaPython(configured, PYTHON_ENV)
     if _libraries_here():
         return MediaPython(Path(sys.executable), "Werk's own environment (werk-media[diffusers])")
     managed = managed_python()

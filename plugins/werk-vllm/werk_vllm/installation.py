@@ -28,7 +28,7 @@ from pathlib import Path
 
 import anyio
 
-from werk import BackendError, CapabilityId, Unavailable
+from werk import BackendError, CapabilityId, Unavailable, configured_python
 
 from .environment import INSTALL_HINT, managed_python
 
@@ -102,16 +102,9 @@ def _script_python(script: Path) -> Path | None:
 def locate() -> Installation:
     """The vLLM python to run, in the documented order; ``Unavailable`` naming the install
     command when there is none."""
-    configured = os.environ.get(PYTHON_ENV)
-    if configured:
-        path = Path(configured)
-        if not os.access(path, os.X_OK):
-            raise Unavailable(
-                f"{PYTHON_ENV}={configured} is not an executable",
-                capability=CapabilityId.MODEL_RESIDENCY,
-                retryable=False,
-            )
-        return Installation(path, PYTHON_ENV)
+    configured = configured_python(PYTHON_ENV)
+    if configured is not None:
+        return Installation(configured, PYTHON_ENV)
     managed = managed_python()
     if managed is not None:
         return Installation(managed, "the managed environment")
