@@ -81,6 +81,8 @@ async def _worker() -> MediaWorker:
     worker = _Shared.worker
     if worker is not None and worker.alive():
         return worker
+    if worker is not None:  # it died between requests: reap it, release its directory
+        await worker.stop()
     worker = await MediaWorker.start(locate())
     _Shared.worker = worker
 

@@ -183,11 +183,11 @@ class MediaWorker:
         return result
 
     async def stop(self) -> None:
-        """End the worker (its whole group), reap it, remove its directory."""
+        """End the worker (its whole group), reap it, remove its directory (idempotent)."""
         self._mark_ended()
         if self.process.poll() is None:
             await self.process.terminate(grace=5.0)
         for stream in (self.process.popen.stdin, self.process.popen.stdout):
-            if stream is not None:
+            if stream is not None and not stream.closed:
                 stream.close()
-        self.workdir.release()
+        self.workdir.release()  # idempotent
