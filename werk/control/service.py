@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 
 from .._version import PROTOCOL_VERSION, __version__
 from ..backends import (
@@ -71,6 +72,7 @@ from ..protocol import (
     StateSummary,
     TierRequest,
     TierResult,
+    Unavailable,
     Unsupported,
     WerkError,
     rfc3339,
@@ -94,6 +96,8 @@ log = logging.getLogger("werk.control")
 
 
 JOB_KINDS: tuple[OpenAIRoute, ...] = ("audio.speech", "images.generations")
+_QueuedJob = tuple[str, str, OpenAIRoute, dict[str, Any]]
+"""(job id, principal, route, validated body)."""
 JOB_QUEUE_SIZE = 256
 
 
@@ -139,9 +143,7 @@ class LocalControlService(WerkControl):
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
         self.memory_manager = memory if memory is not None else MemoryManager()
         self.job_store = JobStore(config.home, clock=clock)
-        self._job_queue = anyio.create_memory_object_stream[
-            tuple[str, str, OpenAIRoute, dict[str, Any]]
-        ](JOB_QUEUE_SIZE)
+        self._job_send: MemoryObjectSendStream[_QueuedJob] | None = None  # while run_jobs runs
         self._engines: dict[str, ExpertEngine] = {}
         self.states = StateViews(self)
         self.flow = PrefillFlow(self)
@@ -364,9 +366,12 @@ class LocalControlService(WerkControl):
             )
         if kind == "images.generations" and body.get("n", 1) != 1:
             raise InvalidRequest("an image job makes one image: use 'n': 1")
+        queue = self._job_send
+        if queue is None:
+            raise Unavailable("this server runs no job queue", retryable=False)
         record = await anyio.to_thread.run_sync(self.job_store.create, principal, kind, body)
         try:
-            self._job_queue[0].send_nowait((record.id, principal, kind, body))
+            queue.send_nowait((record.id, principal, kind, body))
         except anyio.WouldBlock:
             await anyio.to_thread.run_sync(
                 functools.partial(
@@ -388,12 +393,18 @@ class LocalControlService(WerkControl):
     async def run_jobs(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        interrupted = await anyio.to_thread.run_sync(self.job_store.recover)
-        task_status.started()
-        if interrupted:
-            log.warning("%d unfinished job(s) of an earlier server marked failed", len(interrupted))
-        async for job_id, principal, kind, body in self._job_queue[1]:
-            await self._run_job(job_id, principal, kind, body)
+        send, receive = anyio.create_memory_object_stream[_QueuedJob](JOB_QUEUE_SIZE)
+        async with send, receive:
+            interrupted = await anyio.to_thread.run_sync(self.job_store.recover)
+            if interrupted:
+                log.warning("%d unfinished job(s) of an earlier server failed", len(interrupted))
+            self._job_send = send
+            task_status.started()
+            try:
+                async for job_id, principal, kind, body in receive:
+                    await self._run_job(job_id, principal, kind, body)
+            finally:
+                self._job_send = None
 
     async def _run_job(
         self, job_id: str, principal: str, kind: OpenAIRoute, body: dict[str, Any]
