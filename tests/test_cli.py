@@ -138,7 +138,7 @@ def test_usage_errors_exit_2(args: tuple[str, ...], werk_home: Path) -> None:
 
 
 def test_read_only_commands_create_no_files(werk_home: Path) -> None:
-    for args in (("plugins",), ("capabilities", "--json")):
+    for args in (("plugins",), ("capabilities", "--json"), ("jobs", "list")):
         assert run(*args, home=werk_home).returncode == 0
     assert list(werk_home.iterdir()) == []
 
@@ -302,3 +302,25 @@ def test_a_model_directory_is_imported_with_every_file_under_it(
     empty.mkdir()
     refused = run("models", "import", str(empty), "--id", "e", home=werk_home)
     assert refused.returncode == 1 and "not a model" in refused.stderr
+
+
+def test_jobs_list_and_show_read_the_records_of_every_principal(werk_home: Path) -> None:
+    from werk.protocol import JobStatus
+    from werk.state.jobs import JobStore
+
+    store = JobStore(werk_home, clock=lambda: 1_800_000_000.0)
+    mine = store.create("p_alpha", "audio.speech", {"model": "tts", "input": "hi"})
+    output = store.save_output(mine.id, b"RIFF", "audio/wav")
+    store.update(mine.id, status=JobStatus.SUCCEEDED, output=output)
+    theirs = store.create("p_bravo", "images.generations", {"model": "img", "prompt": "x"})
+    listed = msgspec.json.decode(run("jobs", "list", "--json", home=werk_home).stdout)["jobs"]
+    assert [(j["id"], j["principal"], j["status"]) for j in listed] == [
+        (mine.id, "p_alpha", "succeeded"),
+        (theirs.id, "p_bravo", "queued"),
+    ]
+    table = run("jobs", "list", home=werk_home).stdout
+    assert mine.id in table and "audio/wav, 4 B" in table
+    shown = msgspec.json.decode(run("jobs", "show", mine.id, "--json", home=werk_home).stdout)
+    assert shown["output"]["url"] == f"/v1/outputs/{output.id}"
+    missing = run("jobs", "show", "job_nope", home=werk_home)
+    assert missing.returncode == 1 and "no job 'job_nope'" in missing.stderr

@@ -5,7 +5,7 @@ Exit codes scripts can rely on: 0 success, 1 an error Werk reported, 2 a usage e
 
 from __future__ import annotations
 
-from . import backends, cache, chat, local, runtime, serve  # noqa: F401  (registers the commands)
+from . import backends, cache, chat, jobs, local, runtime, serve  # noqa: F401  (registers the commands)
 from ._app import app
 from .models import models_app
 from .plugin_commands import register_plugin_commands

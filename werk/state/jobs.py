@@ -135,6 +135,15 @@ class JobStore:
             mine = [s.record for s in self._all(jobs) if s.principal == principal]
         return sorted(mine, key=lambda r: (r.created_at, r.id))
 
+    def every_record(self) -> list[tuple[str, JobRecord]]:
+        """Every principal's records with their owner (the local ``werk jobs`` command: whoever
+        can read ``WERK_HOME`` owns them all). Creates nothing when there are none."""
+        if not (self._home / JOBS_DIR).is_dir():
+            return []
+        with self._lock, self._dirs() as (jobs, _):
+            found = [(s.principal, s.record) for s in self._all(jobs)]
+        return sorted(found, key=lambda pair: (pair[1].created_at, pair[1].id))
+
     def update(self, job_id: str, **changes: Any) -> JobRecord:
         """Change a record (any principal: the runner's call); ``updated_at`` moves."""
         with self._lock, self._dirs() as (jobs, _):
