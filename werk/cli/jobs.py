@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import typer
 
 from ..config import werk_home
 from ..protocol import JobRecord, NotFound
-from ..state.jobs import JobStore
 from ._app import app
 from ._output import emit_json, print_table, reporting_errors
+
+if TYPE_CHECKING:
+    from ..state.jobs import JobStore
 
 __all__ = ["jobs_app"]
 
@@ -35,6 +37,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 
 
 def _store() -> JobStore:
+    from ..state.jobs import JobStore  # imported when used: every `werk` command loads this module
+
     return JobStore(werk_home(), clock=time.time)
 
 
