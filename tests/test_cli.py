@@ -308,7 +308,8 @@ def test_jobs_list_and_show_read_the_records_of_every_principal(werk_home: Path)
     from werk.protocol import JobStatus
     from werk.state.jobs import JobStore
 
-    store = JobStore(werk_home, clock=lambda: 1_800_000_000.0)
+    ticks = iter(range(1_800_000_000, 1_800_000_100))
+    store = JobStore(werk_home, clock=lambda: float(next(ticks)))
     mine = store.create("p_alpha", "audio.speech", {"model": "tts", "input": "hi"})
     output = store.save_output(mine.id, b"RIFF", "audio/wav")
     store.update(mine.id, status=JobStatus.SUCCEEDED, output=output)
