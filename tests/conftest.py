@@ -56,13 +56,31 @@ def make_pm() -> MakePM:
 def tiny_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A dependency-free wheel (``tinypkg`` 1.0, ``tinypkg.VALUE == 42``) built here, so pip can
     install something without any package index."""
-    project = tmp_path_factory.mktemp("tinypkg")
-    (project / "tinypkg").mkdir()
-    (project / "tinypkg" / "__init__.py").write_text("VALUE = 42\n")
+    return _build_wheel(tmp_path_factory.mktemp("tinypkg"), "tinypkg", "VALUE = 42\n")
+
+
+@pytest.fixture(scope="session")
+def needy_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``needypkg`` 1.0: declares a dependency no index has, and refuses to be imported (as a
+    package whose import needs a shim): installable only with ``--no-deps``."""
+    return _build_wheel(
+        tmp_path_factory.mktemp("needypkg"),
+        "needypkg",
+        "raise ImportError('needypkg needs a shim')\n",
+        dependencies=("no-such-distribution-anywhere",),
+    )
+
+
+def _build_wheel(
+    project: Path, name: str, init: str, *, dependencies: tuple[str, ...] = ()
+) -> Path:
+    (project / name).mkdir()
+    (project / name / "__init__.py").write_text(init)
     (project / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
-        '[project]\nname = "tinypkg"\nversion = "1.0"\n'
-        '[tool.hatch.build.targets.wheel]\npackages = ["tinypkg"]\n'
+        f'[project]\nname = "{name}"\nversion = "1.0"\n'
+        f"dependencies = {list(dependencies)!r}\n"
+        f'[tool.hatch.build.targets.wheel]\npackages = ["{name}"]\n'
     )
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", "dist"],

@@ -83,6 +83,25 @@ def test_removals_run_after_the_install(tiny_wheel: Path, tmp_path: Path) -> Non
     assert "tinypkg" not in status.distributions
 
 
+def test_without_dependencies_installs_with_no_deps_and_present_only_finds(
+    tiny_wheel: Path, needy_wheel: Path, tmp_path: Path
+) -> None:
+    env = ManagedEnvironment(tmp_path, "tiny")
+    spec = _spec(tiny_wheel, without_dependencies=(str(needy_wheel),), present=("needypkg",))
+    steps: list[werk.InstallStep] = []
+    status = env.install(spec, progress=steps.append)
+    assert status.state is EnvironmentState.READY
+    assert status.distributions["needypkg"] == "1.0"
+    assert "no-such-distribution-anywhere" not in status.distributions
+    assert [s.label for s in steps if s.line is None][2] == f"pip install --no-deps {needy_wheel}"
+    assert json.loads(env.record_path.read_text())["without_dependencies"] == [str(needy_wheel)]
+    assert spec.digest() != _spec(tiny_wheel).digest()
+    missing = _spec(tiny_wheel, present=("no_such_module_here",))
+    with pytest.raises(werk.Unavailable, match="check the imports"):
+        env.install(missing)
+    assert "no_such_module_here is missing" in env.log_path.read_text()
+
+
 def test_a_failed_install_keeps_the_previous_environment(tiny_wheel: Path, tmp_path: Path) -> None:
     env = ManagedEnvironment(tmp_path, "tiny")
     good = _spec(tiny_wheel)

@@ -66,18 +66,25 @@ class EnvironmentSpec:
     :ivar name: the environment's name (``werk backends install NAME``; lower-case).
     :ivar description: one line for ``werk backends list``.
     :ivar requirements: pip requirement strings, installed together in one ``pip install``.
+    :ivar without_dependencies: requirements installed afterwards with ``pip install --no-deps``
+        (a package whose declared dependencies would pull what must not be installed: list
+        what it really needs in ``requirements``).
     :ivar remove: distributions to uninstall afterwards (e.g. GPU builds pip pulls in that break
         a CPU install).
     :ivar imports: modules that must import in the finished environment (the install fails
         otherwise).
+    :ivar present: modules that must be found (``importlib.util.find_spec``) but are not
+        imported by the check (a package whose import needs a shim its worker installs).
     :ivar environment: extra environment variables for pip and the import check.
     """
 
     name: str
     description: str = ""
     requirements: tuple[str, ...]
+    without_dependencies: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
     imports: tuple[str, ...] = ()
+    present: tuple[str, ...] = ()
     environment: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -89,16 +96,19 @@ class EnvironmentSpec:
     def digest(self) -> str:
         """Identifies what is asked for; a changed digest makes an installed environment
         outdated."""
-        body = json.dumps(
-            {
-                "requirements": list(self.requirements),
-                "remove": list(self.remove),
-                "imports": list(self.imports),
-                "environment": dict(sorted(self.environment.items())),
-                "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-            },
-            sort_keys=True,
-        )
+        asked: dict[str, object] = {
+            "requirements": list(self.requirements),
+            "remove": list(self.remove),
+            "imports": list(self.imports),
+            "environment": dict(sorted(self.environment.items())),
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        }
+        # Members added later count only when used: existing installs keep their digest.
+        if self.without_dependencies:
+            asked["without_dependencies"] = list(self.without_dependencies)
+        if self.present:
+            asked["present"] = list(self.present)
+        body = json.dumps(asked, sort_keys=True)
         return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -240,6 +250,8 @@ class ManagedEnvironment:
             "create the virtual environment",
             f"pip install {len(spec.requirements)} requirement(s)",
         ]
+        if spec.without_dependencies:
+            steps.append(f"pip install --no-deps {', '.join(spec.without_dependencies)}")
         if spec.remove:
             steps.append(f"remove {', '.join(spec.remove)}")
         steps += ["check the imports", "publish"]
@@ -267,6 +279,20 @@ class ManagedEnvironment:
                 log,
                 report,
             )
+            if spec.without_dependencies:
+                index += 1
+                self._run(
+                    index,
+                    total,
+                    steps[index - 1],
+                    [
+                        str(python), "-m", "pip", "install", "--progress-bar", "off",
+                        "--no-deps", *spec.without_dependencies,
+                    ],
+                    env,
+                    log,
+                    report,
+                )  # fmt: skip
             if spec.remove:
                 index += 1
                 self._run(
@@ -279,7 +305,16 @@ class ManagedEnvironment:
                     report,
                 )
             index += 1
-            check = "; ".join(f"import {module}" for module in spec.imports) or "pass"
+            check = "; ".join(
+                [f"import {module}" for module in spec.imports]
+                + [
+                    f"assert importlib.util.find_spec({module!r}), '{module} is missing'"
+                    for module in spec.present
+                ]
+            )
+            if spec.present:
+                check = "import importlib.util; " + check
+            check = check or "pass"
             self._run(index, total, steps[index - 1], [str(python), "-c", check], env, log, report)
 
     def _run(
@@ -357,6 +392,7 @@ class ManagedEnvironment:
                 "name": spec.name,
                 "spec_digest": spec.digest(),
                 "requirements": list(spec.requirements),
+                "without_dependencies": list(spec.without_dependencies),
                 "removed": list(spec.remove),
                 "python": sys.version.split()[0],
                 "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
