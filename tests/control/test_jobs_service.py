@@ -15,7 +15,7 @@ import werk
 from werk import BackendDescriptor, ModelSpec, OpenAICall, OpenAIReply, Runtime, hookimpl
 from werk.control.service import LocalControlService, ServiceConfig
 from werk.models import ModelRegistry
-from werk.protocol import AuthMode, JobStatus
+from werk.protocol import AuthMode, JobRecord, JobStatus
 from werk.state.principals import NamespaceKey
 
 BODY = {"model": "voice", "input": "hi", "voice": None, "response_format": "wav", "speed": 1.0}
@@ -83,13 +83,21 @@ async def test_jobs_run_in_order_and_keep_outputs_and_errors(
     with pytest.raises(werk.Unavailable, match="runs no job queue"):
         await control.submit_job("local", "audio.speech", BODY)  # no runner: nothing stored
     assert await control.jobs("local") == []
+    seen: list[tuple[str, object]] = []
+    update = control.job_store.update
+
+    def recording_update(job_id: str, **changes: object) -> JobRecord:
+        seen.append((job_id, changes.get("status")))
+        return update(job_id, **changes)  # type: ignore[arg-type]
+
+    control.job_store.update = recording_update  # type: ignore[method-assign]
     async with anyio.create_task_group() as tg:
         await tg.start(control.run_jobs)
         good = await control.submit_job("local", "audio.speech", BODY)
         bad = await control.submit_job("local", "audio.speech", {**BODY, "input": "boom"})
         assert await _until(control, bad.id, JobStatus.FAILED) is JobStatus.FAILED
         done = await control.job("local", good.id)
-        assert done.status is JobStatus.SUCCEEDED and done.output is not None
+        assert done.status is JobStatus.COMPLETED and done.output is not None
         assert await control.job_output("local", done.output.id) == (b"hi", "audio/wav")
         failed = await control.job("local", bad.id)
         assert failed.error is not None
@@ -97,6 +105,11 @@ async def test_jobs_run_in_order_and_keep_outputs_and_errors(
         with pytest.raises(werk.NotFound):
             await control.job("someone-else", good.id)
         tg.cancel_scope.cancel()
+    phases = [JobStatus.LOADING, JobStatus.RUNNING, JobStatus.ENCODING, JobStatus.COMPLETED]
+    assert [status for job_id, status in seen if job_id == good.id] == phases
+    assert [status for job_id, status in seen if job_id == bad.id] == [
+        JobStatus.LOADING, JobStatus.RUNNING, JobStatus.FAILED
+    ]  # fmt: skip
 
 
 @pytest.mark.anyio

@@ -39,7 +39,7 @@ def test_outputs_are_downloadable_only_by_the_jobs_principal(tmp_path: Path) -> 
     store = _store(tmp_path)
     record = store.create(A, "audio.speech", {})
     output = store.save_output(record.id, b"RIFF....", "audio/wav")
-    store.update(record.id, status=JobStatus.SUCCEEDED, output=output)
+    store.update(record.id, status=JobStatus.COMPLETED, output=output)
     assert store.output(A, output.id) == (b"RIFF....", "audio/wav")
     with pytest.raises(NotFound):
         store.output(B, output.id)
@@ -61,7 +61,7 @@ def test_cancel_is_immediate_when_queued_and_requested_when_running(tmp_path: Pa
 
 def test_recovery_fails_unfinished_jobs_and_keeps_finished_ones(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    done = store.update(store.create(A, "k", {}).id, status=JobStatus.SUCCEEDED)
+    done = store.update(store.create(A, "k", {}).id, status=JobStatus.COMPLETED)
     running = store.update(store.create(A, "k", {}).id, status=JobStatus.RUNNING)
     queued = store.create(B, "k", {})
     (tmp_path / "jobs" / ".tmp-deadbeef").write_bytes(b"half a record")  # a crashed write
@@ -97,7 +97,7 @@ def test_only_the_newest_terminal_records_are_kept(
         now[0] += 1
         record = store.create(A, "k", {})
         output = store.save_output(record.id, b"x", "text/plain")
-        finished.append(store.update(record.id, status=JobStatus.SUCCEEDED, output=output))
+        finished.append(store.update(record.id, status=JobStatus.COMPLETED, output=output))
     now[0] += 1
     store.create(A, "k", {})  # creating prunes the oldest terminal ones beyond the bound
     kept = {r.id for r in store.records(A)}

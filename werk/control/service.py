@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import anyio
@@ -413,19 +413,26 @@ class LocalControlService(WerkControl):
         record = await anyio.to_thread.run_sync(self.job_store.get, principal, job_id)
         if record.status is not JobStatus.QUEUED:
             return  # cancelled while queued
-        await anyio.to_thread.run_sync(functools.partial(update, job_id, status=JobStatus.RUNNING))
+
+        async def phase(status: JobStatus) -> None:
+            await anyio.to_thread.run_sync(functools.partial(update, job_id, status=status))
+
+        await phase(JobStatus.LOADING)
         changes: dict[str, Any]
         try:
-            reply = await self.openai_request(principal, kind, body)
+            reply = await self.openai_request(
+                principal, kind, body, started=lambda: phase(JobStatus.RUNNING)
+            )
             data, content_type = _job_artifact(kind, reply)
             current = await anyio.to_thread.run_sync(self.job_store.get, principal, job_id)
             if current.cancel_requested:
                 changes = {"status": JobStatus.CANCELLED}
             else:
+                await phase(JobStatus.ENCODING)
                 output = await anyio.to_thread.run_sync(
                     self.job_store.save_output, job_id, data, content_type
                 )
-                changes = {"status": JobStatus.SUCCEEDED, "output": output}
+                changes = {"status": JobStatus.COMPLETED, "output": output}
         except WerkError as exc:
             changes = {
                 "status": JobStatus.FAILED,
@@ -456,7 +463,11 @@ class LocalControlService(WerkControl):
         principal: str,
         route: OpenAIRoute,
         body: dict[str, Any],
+        *,
+        started: Callable[[], Awaitable[None]] | None = None,
     ) -> OpenAIReply:
+        """One ``/v1`` request; ``started`` is awaited once the model's runtime is up, before
+        the backend is called (a job's ``loading`` → ``running``)."""
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is required and must be a string")
@@ -471,6 +482,8 @@ class LocalControlService(WerkControl):
                 f"/v1/{route.replace('.', '/')}"
             )
         runtime = await self.runtimes.get(spec)
+        if started is not None:
+            await started()
         call = OpenAICall(
             route=route,
             body=body,

@@ -40,7 +40,15 @@ from .errors import (
     error_class,
 )
 from .info import AuthMode, InfoResponse, ModelRef, PluginInfo, PluginStatus, ServerInfo
-from .jobs import TERMINAL_JOB_STATUSES, JobError, JobOutput, JobRecord, JobRequest, JobStatus
+from .jobs import (
+    IN_PROGRESS_JOB_STATUSES,
+    TERMINAL_JOB_STATUSES,
+    JobError,
+    JobOutput,
+    JobRecord,
+    JobRequest,
+    JobStatus,
+)
 from .memory import (
     AcceleratorMemory,
     HostMemory,
@@ -103,6 +111,7 @@ from .states import (
 __all__ = [
     "CORE_CAPABILITY_IDS",
     "HTTP_STATUS",
+    "IN_PROGRESS_JOB_STATUSES",
     "MAX_COMPLETION_BYTES",
     "PROTOCOL_VERSION",
     "TERMINAL_JOB_STATUSES",

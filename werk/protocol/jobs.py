@@ -2,9 +2,10 @@
 
 A job-backed media request (``"async": true`` on ``/v1/audio/speech`` or
 ``/v1/images/generations``, or ``POST /v1/jobs``) is stored as a :class:`JobRecord` under
-``WERK_HOME/jobs``; its status moves ``queued`` → ``running`` → ``succeeded`` | ``failed`` |
-``cancelled``. A record is durable: terminal records survive a restart, and a record found
-``queued`` or ``running`` at startup becomes ``failed`` ("interrupted by a server restart"),
+``WERK_HOME/jobs``; its status moves ``queued`` → ``loading`` (the model's runtime starts) →
+``running`` (the backend works) → ``encoding`` (the output is stored) → ``completed``, or ends
+``failed`` | ``cancelled``. A record is durable: terminal records survive a restart, and a
+record found unfinished at startup becomes ``failed`` ("interrupted by a server restart"),
 never resumed. What a job produced is an :class:`JobOutput`, downloaded from its ``url``.
 """
 
@@ -18,6 +19,7 @@ import msgspec
 from .base import Request, Response
 
 __all__ = [
+    "IN_PROGRESS_JOB_STATUSES",
     "TERMINAL_JOB_STATUSES",
     "JobError",
     "JobOutput",
@@ -28,14 +30,19 @@ __all__ = [
 
 
 class JobStatus(enum.StrEnum):
+    """A job's status (issue 13's names; PROTOCOL.md §8 had ``succeeded`` and no phases)."""
+
     QUEUED = "queued"
+    LOADING = "loading"
     RUNNING = "running"
-    SUCCEEDED = "succeeded"
+    ENCODING = "encoding"
+    COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
-TERMINAL_JOB_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+TERMINAL_JOB_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+IN_PROGRESS_JOB_STATUSES = frozenset({JobStatus.LOADING, JobStatus.RUNNING, JobStatus.ENCODING})
 
 
 class JobError(Response, frozen=True, kw_only=True):

@@ -28,6 +28,7 @@ import msgspec
 
 from .. import _fs
 from ..protocol import (
+    IN_PROGRESS_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
     JobError,
     JobOutput,
@@ -157,12 +158,13 @@ class JobStore:
         return record
 
     def cancel(self, principal: str, job_id: str) -> JobRecord:
-        """``queued`` → ``cancelled`` now; ``running`` → ``cancel_requested`` (the runner
-        discards its result); a terminal record is returned unchanged."""
+        """``queued`` → ``cancelled`` now; ``loading``/``running``/``encoding`` →
+        ``cancel_requested`` (the runner discards its result); a terminal record is returned
+        unchanged."""
         record = self.get(principal, job_id)
         if record.status is JobStatus.QUEUED:
             return self.update(job_id, status=JobStatus.CANCELLED)
-        if record.status is JobStatus.RUNNING and not record.cancel_requested:
+        if record.status in IN_PROGRESS_JOB_STATUSES and not record.cancel_requested:
             return self.update(job_id, cancel_requested=True)
         return record
 

@@ -1,7 +1,7 @@
 """Durable media jobs through a real ``werk serve`` and the real media worker.
 
 ``"async": true`` on ``/v1/audio/speech`` answers ``202`` with a queued job that runs to
-``succeeded`` with a downloadable WAV; jobs are private to their API key; ``DELETE`` cancels a
+``completed`` with a downloadable WAV; jobs are private to their API key; ``DELETE`` cancels a
 queued job; a ``werk serve`` SIGKILLed mid-job leaves a record that the next server marks
 ``failed`` ("interrupted by a server restart") while a finished job and its output stay intact.
 """
@@ -62,8 +62,8 @@ def test_an_async_speech_job_runs_to_a_downloadable_wav_private_to_its_key(
         job = accepted.json()
         assert job["status"] == "queued" and job["kind"] == "audio.speech"
         assert "async" not in job["request"]
-        done = _wait(server, job["id"], "succeeded", "failed")
-        assert done["status"] == "succeeded", done
+        done = _wait(server, job["id"], "completed", "failed")
+        assert done["status"] == "completed", done
         output = done["output"]
         assert output["url"] == f"/v1/outputs/{output['id']}"
         assert output["content_type"] == "audio/wav"
@@ -72,7 +72,7 @@ def test_an_async_speech_job_runs_to_a_downloadable_wav_private_to_its_key(
         assert len(audio.content) == output["bytes"]
         with wave.open(io.BytesIO(audio.content), "rb") as parsed:
             assert parsed.getnframes() > 0
-        assert _get(server, f"/werk/v1/jobs/{job['id']}").json()["status"] == "succeeded"
+        assert _get(server, f"/werk/v1/jobs/{job['id']}").json()["status"] == "completed"
         # Another API key sees none of it.
         assert _get(server, f"/v1/jobs/{job['id']}", OTHER_KEY).status_code == 404
         assert _get(server, output["url"], OTHER_KEY).status_code == 404
@@ -88,8 +88,8 @@ def test_delete_cancels_a_queued_job(media_home: Path) -> None:
         with server.client(KEY) as http:
             cancelled = http.delete(f"/v1/jobs/{queued.json()['id']}")
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-        image = _wait(server, slow.json()["id"], "succeeded", "failed")
-        assert image["status"] == "succeeded" and image["output"]["content_type"] == "image/png"
+        image = _wait(server, slow.json()["id"], "completed", "failed")
+        assert image["status"] == "completed" and image["output"]["content_type"] == "image/png"
         assert _get(server, f"/v1/jobs/{queued.json()['id']}").json()["status"] == "cancelled"
 
 
@@ -98,7 +98,7 @@ def test_a_restart_fails_the_interrupted_job_and_keeps_the_finished_one(
 ) -> None:
     with _server(media_home) as server:
         first = _post(server, "/v1/audio/speech", {"model": TTS, "input": "kept", "async": True})
-        finished = _wait(server, first.json()["id"], "succeeded")
+        finished = _wait(server, first.json()["id"], "completed")
         slow = _post(server, "/v1/jobs", {"kind": "images.generations", "request": SLOW_IMAGE})
         _wait(server, slow.json()["id"], "running")
         server.process.send_signal(signal.SIGKILL)
