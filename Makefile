@@ -9,7 +9,7 @@ STAMP := $(VENV)/.werk-setup
 PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/werk-media
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: setup llama-server vllm-env media-env demo serve test lint typecheck pytest clean
+.PHONY: setup llama-server vllm-env media-env qwen-tts-env demo serve test lint typecheck pytest clean
 
 # The test suite's managed backend environments (multi-gigabyte), cached across runs like the
 # llama-server build; `werk backends install` is a no-op with --if-needed once one is ready.
@@ -35,6 +35,10 @@ vllm-env: setup
 media-env: setup
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install media --if-needed
 
+# qwen-tts 0.1.1 (Transformers 4.57.3, its own environment) for the Qwen3-TTS tests.
+qwen-tts-env: setup
+	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install qwen-tts --if-needed
+
 # The embedded default model: a small generated GGUF imported as `demo` (idempotent).
 demo: llama-server
 	$(BIN)/werk models create-demo --id demo
@@ -49,7 +53,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup llama-server vllm-env media-env
+pytest: setup llama-server vllm-env media-env qwen-tts-env
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/pytest
 
 test: lint typecheck pytest
