@@ -18,7 +18,7 @@ BIN = Path(sys.executable).parent
 WERK = shutil.which("werk", path=str(BIN))
 BUNDLED = {
     "werk-llamacpp": ["llamacpp"],
-    "werk-media": ["media"],
+    "werk-media": ["media", "qwen-tts"],
     "werk-omlx": ["omlx"],
     "werk-vllm": ["vllm", "vllm-remote"],
 }
@@ -312,11 +312,11 @@ def test_jobs_list_and_show_read_the_records_of_every_principal(werk_home: Path)
     store = JobStore(werk_home, clock=lambda: float(next(ticks)))
     mine = store.create("p_alpha", "audio.speech", {"model": "tts", "input": "hi"})
     output = store.save_output(mine.id, b"RIFF", "audio/wav")
-    store.update(mine.id, status=JobStatus.SUCCEEDED, output=output)
+    store.update(mine.id, status=JobStatus.COMPLETED, output=output)
     theirs = store.create("p_bravo", "images.generations", {"model": "img", "prompt": "x"})
     listed = msgspec.json.decode(run("jobs", "list", "--json", home=werk_home).stdout)["jobs"]
     assert [(j["id"], j["principal"], j["status"]) for j in listed] == [
-        (mine.id, "p_alpha", "succeeded"),
+        (mine.id, "p_alpha", "completed"),
         (theirs.id, "p_bravo", "queued"),
     ]
     table = run("jobs", "list", home=werk_home).stdout

@@ -26,7 +26,7 @@ MakePM = Callable[..., werk.WerkPluginManager]
 
 BUNDLED = {
     "werk-llamacpp": ["llamacpp"],
-    "werk-media": ["media"],
+    "werk-media": ["media", "qwen-tts"],
     "werk-omlx": ["omlx"],
     "werk-vllm": ["vllm", "vllm-remote"],
 }

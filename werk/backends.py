@@ -72,10 +72,16 @@ OPERATION_CAPABILITY: dict[Operation, CapabilityId] = {
 
 
 OpenAIRoute = Literal[
-    "chat.completions", "completions", "images.generations", "audio.speech", "audio.transcriptions"
+    "chat.completions",
+    "completions",
+    "images.generations",
+    "audio.speech",
+    "audio.transcriptions",
+    "classifications",
 ]
 """A ``/v1`` route a backend can serve: ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/images/generations``, ``/v1/audio/speech``, ``/v1/audio/transcriptions``."""
+``/v1/images/generations``, ``/v1/audio/speech``, ``/v1/audio/transcriptions``,
+``/v1/classifications`` (Werk's own: text classification)."""
 
 
 @dataclass(frozen=True, kw_only=True)

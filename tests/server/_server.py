@@ -76,6 +76,7 @@ OPENAI_ROUTES = (
     ("POST", "/v1/images/generations"),
     ("POST", "/v1/audio/speech"),
     ("POST", "/v1/audio/transcriptions"),
+    ("POST", "/v1/classifications"),
     ("GET", "/v1/jobs"),
     ("POST", "/v1/jobs"),
     ("GET", "/v1/jobs/{job_id}"),

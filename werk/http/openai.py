@@ -26,6 +26,7 @@ from ..protocol import BackendError, InvalidRequest, JobRecord, JobRequest, enco
 from ..protocol.media import (
     MAX_AUDIO_BYTES,
     MAX_AUDIO_SECONDS,
+    ClassificationRequest,
     ImageGenerationRequest,
     SpeechRequest,
     TranscriptionRequest,
@@ -108,7 +109,10 @@ def _completion_route(
     return run
 
 
-def _backend_body(parsed: ImageGenerationRequest | SpeechRequest) -> dict[str, Any]:
+MediaRequest = ImageGenerationRequest | SpeechRequest | ClassificationRequest
+
+
+def _backend_body(parsed: MediaRequest) -> dict[str, Any]:
     """The validated request as the backend gets it (every member; ``async`` is Werk's)."""
     body: dict[str, Any] = msgspec.to_builtins(parsed)
     body.pop("async", None)
@@ -182,12 +186,13 @@ def _file_answer(reply: OpenAIReply) -> Response:
 def _media_route(
     control: WerkControl,
     auth: Authenticator,
-    kind: Literal["images.generations", "audio.speech"],
-    request_type: type[ImageGenerationRequest] | type[SpeechRequest],
+    kind: Literal["images.generations", "audio.speech", "classifications"],
+    request_type: type[MediaRequest],
     answer: Callable[[OpenAIReply], Response],
 ) -> Callable[[Request], Awaitable[Response]]:
-    """``POST /v1/images/generations`` and ``/v1/audio/speech``: validated here (every bound),
-    then to the backend — or, with ``"async": true``, queued as a durable job (``202``)."""
+    """``POST /v1/images/generations``, ``/v1/audio/speech`` and ``/v1/classifications``:
+    validated here (every bound), then to the backend — or, with ``"async": true`` (images and
+    speech), queued as a durable job (``202``)."""
 
     async def run(request: Request) -> Response:
         try:
@@ -195,7 +200,7 @@ def _media_route(
             parsed = await read_struct(request, request_type, MEDIA_REQUEST_BODY)
             parsed.validate()
             body = _backend_body(parsed)
-            if parsed.as_job:
+            if getattr(parsed, "as_job", False):
                 return _accepted(await control.submit_job(principal, kind, body))
             return answer(await control.openai_request(principal, kind, body))
         except Exception as exc:
@@ -297,5 +302,10 @@ def openai_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
             methods=["POST"],
         ),
         Route("/v1/audio/transcriptions", _transcription_route(control, auth), methods=["POST"]),
+        Route(
+            "/v1/classifications",
+            _media_route(control, auth, "classifications", ClassificationRequest, _json_answer),
+            methods=["POST"],
+        ),
         *_job_routes(control, auth),
     ]

@@ -23,7 +23,7 @@ from ..protocol import (
     PruneFilter,
     PruneRequest,
 )
-from ..protocol.media import ImageGenerationRequest, SpeechRequest
+from ..protocol.media import ClassificationRequest, ImageGenerationRequest, SpeechRequest
 from ..protocol.prefill import ModelId
 from .routes import ROUTE_SPECS
 
@@ -128,9 +128,11 @@ def _openai_body(required: str, schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _media_paths(image: dict[str, Any], speech: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The media routes: bodies validated by Werk (``image``/``speech`` are the request
-    schemas' references); a transcription is a multipart upload."""
+def _media_paths(
+    image: dict[str, Any], speech: dict[str, Any], classify: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The media routes: bodies validated by Werk (``image``/``speech``/``classify`` are the
+    request schemas' references); a transcription is a multipart upload."""
 
     def post(summary: str, op_id: str, body: dict[str, Any], ok: dict[str, Any]) -> Any:
         return {
@@ -195,7 +197,42 @@ def _media_paths(image: dict[str, Any], speech: dict[str, Any]) -> dict[str, dic
             "text/plain": {"schema": {"type": "string"}},
         },
     }
+    label = {
+        "type": "object",
+        "required": ["label", "score"],
+        "properties": {"label": {"type": "string"}, "score": {"type": "number"}},
+    }
+    labelled = {
+        "type": "object",
+        "required": ["index", "labels"],
+        "properties": {
+            "index": {"type": "integer"},
+            "labels": {"type": "array", "items": label},
+        },
+    }
+    classes = {
+        "description": "The labels of each text, best first (Werk's own shape)",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["object", "model", "data"],
+                    "properties": {
+                        "object": {"const": "list"},
+                        "model": {"type": "string"},
+                        "data": {"type": "array", "items": labelled},
+                    },
+                }
+            }
+        },
+    }
     return {
+        "/v1/classifications": post(
+            "Label texts with the model's text-classification backend (Werk's own route)",
+            "werk_classifications",
+            {"application/json": {"schema": classify}},
+            classes,
+        ),
         "/v1/images/generations": post(
             "Generate images with the model's media backend",
             "openai_images_generations",
@@ -364,7 +401,14 @@ def _openai_paths() -> dict[str, dict[str, Any]]:
 def openapi_document() -> dict[str, Any]:
     structs = sorted(
         {t for s in ROUTE_SPECS for t in (s.request, s.response) if t is not None}
-        | {ErrorBody, ImageGenerationRequest, SpeechRequest, JobRecord, JobRequest},
+        | {
+            ErrorBody,
+            ClassificationRequest,
+            ImageGenerationRequest,
+            SpeechRequest,
+            JobRecord,
+            JobRequest,
+        },
         key=lambda t: t.__name__,
     )
     refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
@@ -426,7 +470,11 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             **paths,
             **_openai_paths(),
-            **_media_paths(ref_of[ImageGenerationRequest], ref_of[SpeechRequest]),
+            **_media_paths(
+                ref_of[ImageGenerationRequest],
+                ref_of[SpeechRequest],
+                ref_of[ClassificationRequest],
+            ),
             **_job_paths(ref_of[JobRecord], ref_of[JobRequest]),
         },
         "components": {

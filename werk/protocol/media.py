@@ -19,8 +19,10 @@ __all__ = [
     "IMAGE_SIDE_MIN",
     "MAX_AUDIO_BYTES",
     "MAX_AUDIO_SECONDS",
+    "MAX_CLASSIFICATION_INPUTS",
     "MAX_PROMPT_CHARS",
     "MAX_SPEECH_CHARS",
+    "ClassificationRequest",
     "ImageGenerationRequest",
     "SpeechRequest",
     "TranscriptionRequest",
@@ -34,6 +36,8 @@ MAX_SEED = 2**32 - 1
 MAX_SPEECH_CHARS = 4096
 MAX_AUDIO_BYTES = 25 * 1024 * 1024
 MAX_AUDIO_SECONDS = 600
+MAX_CLASSIFICATION_INPUTS = 32
+MAX_LABELS = 100
 
 
 class ImageGenerationRequest(Request, frozen=True, kw_only=True):
@@ -89,6 +93,8 @@ class SpeechRequest(Request, frozen=True, kw_only=True):
     model: str
     input: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SPEECH_CHARS)]
     voice: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    instructions: Annotated[str, msgspec.Meta(max_length=MAX_SPEECH_CHARS)] | None = None
+    """How to speak (OpenAI's field; Qwen3-TTS takes it as its instruction text)."""
     response_format: Literal["wav", "mp3", "opus", "aac", "flac", "pcm"] = "wav"
     speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0
     seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
@@ -111,3 +117,31 @@ class TranscriptionRequest(Request, frozen=True, kw_only=True):
     prompt: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)] | None = None
     response_format: Literal["json", "text"] = "json"
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+
+
+ClassificationText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PROMPT_CHARS)]
+
+
+class ClassificationRequest(Request, frozen=True, kw_only=True):
+    """``POST /v1/classifications`` (Werk's own route; OpenAI has none for this): label each
+    text with a text-classification model.
+
+    :ivar input: one text, or a list of 1..32 texts (each 1..4000 characters).
+    :ivar top_k: how many labels to return per text, best first (1..100, default 1).
+    """
+
+    model: str
+    input: (
+        ClassificationText
+        | Annotated[
+            list[ClassificationText],
+            msgspec.Meta(min_length=1, max_length=MAX_CLASSIFICATION_INPUTS),
+        ]
+    )
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=MAX_LABELS)] = 1
+
+    def validate(self) -> None:
+        """Every bound is in the type."""
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

@@ -23,6 +23,8 @@ WERK = Path(sys.executable).parent / "werk"
 BACKENDS = os.environ.get("WERK_BACKENDS_DIR", "")
 IMAGE_A, IMAGE_B = "tiny-image", "tiny-image-b"
 TTS, ASR = "tiny-tts", "tiny-asr"
+QWEN = "tiny-qwen"
+CLASSIFY = "tiny-classify"
 KEY = "media-key-0123456789abcdef"
 
 
@@ -62,10 +64,11 @@ def png_of(response: httpx.Response) -> tuple[bytes, Image.Image]:
     return raw, image
 
 
-def workers(home: Path) -> list[psutil.Process]:
-    """Live media workers of the ``werk serve`` using ``home`` (their working directory is
-    under ``home/backends/media-runs``), not those of other servers on the machine."""
-    runs = str(home / "backends" / "media-runs")
+def workers(home: Path, kind: str = "media") -> list[psutil.Process]:
+    """Live workers of ``kind`` (``media``, ``qwen-tts``) of the ``werk serve`` using ``home``
+    (their working directory is under ``home/backends/<kind>-runs``), not those of other
+    servers on the machine."""
+    runs = str(home / "backends" / f"{kind}-runs")
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
@@ -82,9 +85,9 @@ def workers(home: Path) -> list[psutil.Process]:
     return found
 
 
-def residency(server: WerkServer, model: str) -> dict[str, Any]:
+def residency(server: WerkServer, model: str, backend: str = "media") -> dict[str, Any]:
     with server.client(KEY) as http:
         answer = http.get("/werk/v1/capabilities", params={"model": model})
     assert answer.status_code == 200, answer.text
     rows = answer.json()["capabilities"]
-    return next(r for r in rows if r["backend"] == "media" and r["id"] == "runtime.model_residency")
+    return next(r for r in rows if r["backend"] == backend and r["id"] == "runtime.model_residency")

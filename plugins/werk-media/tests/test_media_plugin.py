@@ -47,24 +47,27 @@ def _pm() -> werk.WerkPluginManager:
     )
 
 
-def _rows(model: ModelSpec | None = None) -> list[CapabilityReport]:
-    rows = _pm().capabilities(CapabilityContext(backend="media", model=model))
+def _rows(model: ModelSpec | None = None, backend: str = "media") -> list[CapabilityReport]:
+    rows = _pm().capabilities(CapabilityContext(backend=backend, model=model))
     ids = [r.id for r in rows]
     assert len(ids) == len(set(ids)), "duplicate capability ids"
     assert all(i.startswith(("runtime.", "media.")) for i in ids)
-    assert all(r.backend == "media" and r.reason for r in rows)
+    assert all(r.backend == backend and r.reason for r in rows)
     return rows
 
 
-def test_registers_the_media_backend() -> None:
+def test_registers_the_media_and_qwen_tts_backends() -> None:
     pm = _pm()
-    assert set(pm.backends) == {"media"}
+    assert set(pm.backends) == {"media", "qwen-tts"}
     assert set(pm.backends["media"].formats) == {"diffusers", "transformers"}
+    assert pm.backends["qwen-tts"].formats == ("qwen3-tts",)
+    assert pm.backends["qwen-tts"].routes == ("audio.speech",)
     pm.check_pending()
 
 
-def test_matrix_without_a_worker() -> None:
-    core = {r.id: r.status.value for r in _rows() if r.id.startswith("runtime.")}
+@pytest.mark.parametrize("backend", ["media", "qwen-tts"])
+def test_matrix_without_a_worker(backend: str) -> None:
+    core = {r.id: r.status.value for r in _rows(backend=backend) if r.id.startswith("runtime.")}
     assert core == NO_WORKER_COLUMN
 
 
@@ -90,9 +93,35 @@ def test_residency_reason_names_the_install_command(
     )
 
 
+def test_qwen_residency_reason_names_its_own_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WERK_BACKENDS_DIR", str(tmp_path / "backends"))
+    monkeypatch.delenv("WERK_QWEN_TTS_PYTHON", raising=False)
+    residency = next(r for r in _rows(backend="qwen-tts") if r.id == "runtime.model_residency")
+    assert residency.reason == "qwen-tts is not installed; run `werk backends install qwen-tts`"
+
+
+def test_the_qwen_environment_installs_qwen_tts_without_its_declared_dependencies() -> None:
+    """qwen-tts declares gradio and torchaudio; the environment leaves both out (the demo UI is
+    not needed, torchaudio does not load beside the CPU torch) and pins what it imports."""
+    from werk_media.environment import qwen_environment_spec
+
+    spec = qwen_environment_spec()
+    assert spec.without_dependencies == ("qwen-tts==0.1.1",)
+    assert spec.present == ("qwen_tts",)
+    names = {r.split("==")[0].split(">=")[0] for r in spec.requirements}
+    assert {"transformers", "accelerate", "torch", "librosa", "soundfile", "sox"} <= names
+    assert not names & {"gradio", "torchaudio"}
+    assert "transformers==4.57.3" in spec.requirements
+
+
 def test_only_the_media_routes_reach_the_backend() -> None:
     routes = _pm().backends["media"].routes
-    assert routes == ("images.generations", "audio.speech", "audio.transcriptions")
+    assert routes == (
+        "images.generations", "audio.speech", "audio.transcriptions", "classifications"
+    )  # fmt: skip
 
 
 def test_cross_restart_restore_is_not_advertised() -> None:

@@ -23,6 +23,7 @@ import psutil
 import pytest
 from media_testing import (
     ASR,
+    CLASSIFY,
     IMAGE_A,
     IMAGE_B,
     KEY,
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 def _serve(home: Path, cache_size: str = "1") -> Iterator[WerkServer]:
     extra = {"WERK_BACKENDS_DIR": require_backends(), "WERK_MEDIA_PIPELINE_CACHE_SIZE": cache_size}
-    models = [arg for model in (IMAGE_A, IMAGE_B, TTS, ASR) for arg in ("--model", model)]
+    models = [arg for model in (IMAGE_A, IMAGE_B, TTS, ASR, CLASSIFY) for arg in ("--model", model)]
     args = [*models, "--api-key", KEY]
     with werk_serve(home, None, args, env=extra) as server:
         yield server
@@ -167,6 +168,39 @@ def test_transcription_bounds_are_typed_errors(served: WerkServer) -> None:
         no_file = http.post("/v1/audio/transcriptions", data={"model": ASR}, files={"x": b""})
     assert as_json.status_code == 415
     assert no_file.status_code == 400
+
+
+def test_classifications_label_each_text_best_first(served: WerkServer) -> None:
+    with served.client(KEY, timeout=600) as http:
+        one = http.post("/v1/classifications", json={"model": CLASSIFY, "input": "great film"})
+        assert one.status_code == 200, one.text
+        body = one.json()
+        assert (body["object"], body["model"]) == ("list", CLASSIFY)
+        ((only,),) = [item["labels"] for item in body["data"]]
+        assert only["label"] in ("negative", "positive") and 0.0 <= only["score"] <= 1.0
+        many = http.post(
+            "/v1/classifications",
+            json={"model": CLASSIFY, "input": ["great film", "awful film", "ok"], "top_k": 2},
+        ).json()
+        assert [item["index"] for item in many["data"]] == [0, 1, 2]
+        for item in many["data"]:
+            labels = item["labels"]
+            assert {label["label"] for label in labels} == {"negative", "positive"}
+            assert labels[0]["score"] >= labels[1]["score"]
+            assert abs(sum(label["score"] for label in labels) - 1.0) < 1e-4
+        refused = [
+            {"model": CLASSIFY, "input": []},
+            {"model": CLASSIFY, "input": ["x"] * 33},
+            {"model": CLASSIFY, "input": "x" * 4001},
+            {"model": CLASSIFY, "input": "x", "top_k": 0},
+            {"model": CLASSIFY, "input": "x", "labels": ["a"]},
+        ]
+        for body in refused:
+            answer = http.post("/v1/classifications", json=body)
+            assert answer.status_code == 400, (body, answer.text)
+        wrong = http.post("/v1/classifications", json={"model": TTS, "input": "x"})
+        assert wrong.status_code == 400
+        assert "needs a text-classification model" in wrong.json()["error"]["message"]
 
 
 def test_a_chat_request_to_an_image_model_is_unsupported(served: WerkServer) -> None:

@@ -7,9 +7,11 @@ One request at a time over stdio, one JSON object per line (transport version 1)
   ``{"v": 1, "id": "r1", "ok": false, "error": {"kind": KIND, "message": TEXT}}``
 
 Operations: ``health`` (versions, pid, resident pipelines), ``capabilities`` (tasks this
-environment can run: Diffusers text-to-image, VITS text-to-speech, Transformers speech
-recognition), ``probe-model`` (the task and pipeline class of a model directory),
-``estimate`` (weight bytes on disk), ``execute`` (run a task), ``unload`` (drop one pipeline).
+environment can run: Diffusers text-to-image, VITS or Qwen3-TTS text-to-speech, Transformers
+speech recognition and text classification; and ``features``: whether qwen-tts is here and
+whether its 25 Hz voice-cloning path can work), ``probe-model`` (the task and pipeline class of
+a model directory), ``estimate`` (weight bytes on disk), ``execute`` (run a task), ``unload``
+(drop one pipeline).
 A frame of another transport version is refused (kind ``version``). The host ends the worker
 after any error reply and never sends an ``execute`` twice.
 
@@ -30,6 +32,8 @@ import collections
 import contextlib
 import ctypes
 import gc
+import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -43,10 +47,13 @@ TRANSPORT_VERSION = 1
 TASK_TEXT_TO_IMAGE = "text-to-image"
 TASK_TEXT_TO_SPEECH = "text-to-speech"
 TASK_SPEECH_RECOGNITION = "automatic-speech-recognition"
-TASKS = (TASK_TEXT_TO_IMAGE, TASK_TEXT_TO_SPEECH, TASK_SPEECH_RECOGNITION)
+TASK_TEXT_CLASSIFICATION = "text-classification"
+TASKS = (TASK_TEXT_TO_IMAGE, TASK_TEXT_TO_SPEECH, TASK_SPEECH_RECOGNITION, TASK_TEXT_CLASSIFICATION)
 # Transformers architectures by task (config.json "architectures").
-SPEECH_ARCHITECTURES = ("VitsModel",)
+QWEN_ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
+SPEECH_ARCHITECTURES = ("VitsModel", QWEN_ARCHITECTURE)
 RECOGNITION_SUFFIXES = ("ForCTC", "ForSpeechSeq2Seq")
+CLASSIFICATION_SUFFIX = "ForSequenceClassification"
 
 
 class RequestError(Exception):
@@ -79,8 +86,10 @@ def _module_bytes(loaded: Any) -> int:
         modules = list(loaded.components.values())
     elif isinstance(loaded, torch.nn.Module):
         modules = [loaded]
-    else:
-        modules = [getattr(loaded, "model", None)]
+    else:  # a Transformers pipeline, or qwen-tts's wrapper (its codec sits beside the model)
+        model = getattr(loaded, "model", None)
+        codec = getattr(getattr(model, "speech_tokenizer", None), "model", None)
+        modules = [model, codec]
     seen: set[int] = set()
     total = 0
     for component in modules:
@@ -116,11 +125,30 @@ def _task_of(path: Path) -> tuple[str, str]:
                 return TASK_TEXT_TO_SPEECH, name
             if name.endswith(RECOGNITION_SUFFIXES):
                 return TASK_SPEECH_RECOGNITION, name
+            if name.endswith(CLASSIFICATION_SUFFIX):
+                return TASK_TEXT_CLASSIFICATION, name
         raise RequestError("unsupported", f"no supported task for architectures {architectures}")
     raise RequestError("unsupported", "neither a Diffusers nor a Transformers model directory")
 
 
-def _load(path: str, task: str) -> Any:
+def _load_qwen(path: str) -> Any:
+    import _qwen_compat
+
+    _qwen_compat.install()
+    try:
+        from qwen_tts import Qwen3TTSModel
+    except ImportError:
+        raise RequestError(
+            "unsupported",
+            "qwen-tts is not installed in this worker's environment: Qwen3-TTS models are "
+            "served by backend qwen-tts (`werk backends install qwen-tts`)",
+        ) from None
+    return Qwen3TTSModel.from_pretrained(path, device_map="cpu")
+
+
+def _load(path: str, task: str, name: str) -> Any:
+    if name == QWEN_ARCHITECTURE:
+        return _load_qwen(path)
     if task == TASK_TEXT_TO_IMAGE:
         from diffusers import DiffusionPipeline
 
@@ -144,14 +172,14 @@ class Pipelines:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._entries: collections.OrderedDict[str, tuple[str, Any, int]] = (
+        self._entries: collections.OrderedDict[str, tuple[str, str, Any, int]] = (
             collections.OrderedDict()
         )
 
     def resident(self) -> list[dict[str, Any]]:
         return [
-            {"path": path, "task": task, "bytes": size}
-            for path, (task, _, size) in self._entries.items()
+            {"path": path, "task": task, "pipeline": name, "bytes": size}
+            for path, (task, name, _, size) in self._entries.items()
         ]
 
     def drop(self, path: str) -> bool:
@@ -165,13 +193,13 @@ class Pipelines:
     def get(self, path: str) -> Any:
         if path in self._entries:
             self._entries.move_to_end(path)
-            return self._entries[path][1]
+            return self._entries[path][2]
         while self._entries and len(self._entries) >= max(self.capacity, 1):
             self.drop(next(iter(self._entries)))  # evict before loading: lower peak memory
-        task, _ = _task_of(Path(path))
-        loaded = _load(path, task)
+        task, name = _task_of(Path(path))
+        loaded = _load(path, task, name)
         held = loaded[1] if isinstance(loaded, tuple) else loaded
-        self._entries[path] = (task, loaded, _module_bytes(held))
+        self._entries[path] = (task, name, loaded, _module_bytes(held))
         return loaded
 
     def after_request(self) -> None:
@@ -181,12 +209,31 @@ class Pipelines:
 
 def _versions() -> dict[str, str]:
     found = {"python": sys.version.split()[0]}
-    for name in ("torch", "diffusers", "transformers"):
-        try:
-            found[name] = str(__import__(name).__version__)
-        except ImportError:
-            continue
+    for name in ("torch", "diffusers", "transformers", "qwen-tts"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
     return found
+
+
+def _features() -> dict[str, dict[str, str]]:
+    """What this environment can do beyond its tasks (``capabilities``)."""
+    if importlib.util.find_spec("qwen_tts") is None:
+        why = "qwen-tts is not installed here (backend qwen-tts has its own environment)"
+        return {
+            "qwen_custom_voice": {"status": "unavailable", "reason": why},
+            "qwen_voice_cloning": {"status": "unavailable", "reason": why},
+        }
+    import _qwen_compat
+
+    problem = _qwen_compat.install()
+    why = "no Werk route takes reference audio"
+    if problem:
+        why += f", and its 25 Hz path needs torchaudio, which does not load here ({problem})"
+    cloning = {"status": "unsupported", "reason": why}
+    return {
+        "qwen_custom_voice": {"status": "supported", "reason": "the 12 Hz path"},
+        "qwen_voice_cloning": cloning,
+    }
 
 
 def _text_to_image(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]:
@@ -217,32 +264,72 @@ def _text_to_image(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]
     return {"images": images, "seed": int(seed), "seconds": time.monotonic() - started}
 
 
-def _text_to_speech(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]:
+def _wav(waveform: Any, rate: int) -> bytes:
+    """16-bit PCM mono WAV of a float waveform, scaled to its peak."""
     import numpy as np
-    import torch
 
-    tokenizer, model = pipelines.get(str(args["path"]))
-    seed = args.get("seed")
-    if seed is None:
-        seed = int.from_bytes(os.urandom(4), "big")
-    torch.manual_seed(int(seed))
-    model.speaking_rate = float(args.get("speed") or 1.0)
-    started = time.monotonic()
-    inputs = tokenizer(str(args["input"]), return_tensors="pt")
-    if inputs["input_ids"].shape[-1] == 0:
-        raise RequestError("invalid", "the input has no characters this voice can speak")
-    with torch.no_grad():
-        waveform = model(**inputs).waveform[0].numpy()
     peak = float(np.abs(waveform).max()) or 1.0
     pcm = (np.clip(waveform / peak, -1.0, 1.0) * 32767).astype("<i2")
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
-        out.setframerate(int(model.config.sampling_rate))
+        out.setframerate(rate)
         out.writeframes(pcm.tobytes())
+    return buffer.getvalue()
+
+
+def _qwen_speech(model: Any, args: dict[str, Any]) -> tuple[Any, int]:
+    """qwen-tts's CustomVoice generation: ``voice`` names one of the model's speakers (default:
+    the first), ``instructions`` becomes its instruction text."""
+    if float(args.get("speed") or 1.0) != 1.0:
+        raise RequestError("invalid", "Qwen3-TTS has no speed control: leave 'speed' at 1.0")
+    speakers = sorted(str(name) for name in model.get_supported_speakers() or [])
+    voice = args.get("voice")
+    if voice is None:
+        if not speakers:
+            raise RequestError("invalid", "this Qwen3-TTS model names no speakers")
+        voice = speakers[0]
+    elif str(voice).lower() not in speakers:
+        raise RequestError(
+            "invalid", f"voice {voice!r} is not one of this model's speakers: {speakers}"
+        )
+    wavs, rate = model.generate_custom_voice(
+        text=str(args["input"]), speaker=str(voice), instruct=args.get("instructions")
+    )
+    return wavs[0], int(rate)
+
+
+def _vits_speech(loaded: tuple[Any, Any], args: dict[str, Any]) -> tuple[Any, int]:
+    import torch
+
+    if args.get("instructions"):
+        raise RequestError("invalid", "this VITS voice takes no 'instructions'")
+    tokenizer, model = loaded
+    model.speaking_rate = float(args.get("speed") or 1.0)
+    inputs = tokenizer(str(args["input"]), return_tensors="pt")
+    if inputs["input_ids"].shape[-1] == 0:
+        raise RequestError("invalid", "the input has no characters this voice can speak")
+    with torch.no_grad():
+        waveform = model(**inputs).waveform[0].numpy()
+    return waveform, int(model.config.sampling_rate)
+
+
+def _text_to_speech(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    loaded = pipelines.get(str(args["path"]))
+    seed = args.get("seed")
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "big")
+    torch.manual_seed(int(seed))
+    started = time.monotonic()
+    if isinstance(loaded, tuple):
+        waveform, rate = _vits_speech(loaded, args)
+    else:
+        waveform, rate = _qwen_speech(loaded, args)
     return {
-        "audio": base64.b64encode(buffer.getvalue()).decode("ascii"),
+        "audio": base64.b64encode(_wav(waveform, rate)).decode("ascii"),
         "content_type": "audio/wav",
         "seed": int(seed),
         "seconds": time.monotonic() - started,
@@ -285,10 +372,26 @@ def _speech_recognition(pipelines: Pipelines, args: dict[str, Any]) -> dict[str,
     return {"text": str(result.get("text", "")), "seconds": time.monotonic() - started}
 
 
+def _text_classification(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]:
+    classifier = pipelines.get(str(args["path"]))
+    texts = [str(text) for text in args["texts"]]
+    started = time.monotonic()
+    found = classifier(texts, top_k=int(args.get("top_k") or 1), truncation=True)
+    labelled = [
+        {
+            "index": index,
+            "labels": [{"label": str(x["label"]), "score": float(x["score"])} for x in labels],
+        }
+        for index, labels in enumerate(found)
+    ]
+    return {"data": labelled, "seconds": time.monotonic() - started}
+
+
 EXECUTORS = {
     TASK_TEXT_TO_IMAGE: _text_to_image,
     TASK_TEXT_TO_SPEECH: _text_to_speech,
     TASK_SPEECH_RECOGNITION: _speech_recognition,
+    TASK_TEXT_CLASSIFICATION: _text_classification,
 }
 
 
@@ -296,7 +399,7 @@ def _handle(pipelines: Pipelines, op: str, args: dict[str, Any]) -> dict[str, An
     if op == "health":
         return {"pid": os.getpid(), "versions": _versions(), "resident": pipelines.resident()}
     if op == "capabilities":
-        return {"tasks": list(TASKS), "cache_size": pipelines.capacity}
+        return {"tasks": list(TASKS), "cache_size": pipelines.capacity, "features": _features()}
     if op == "probe-model":
         task, name = _task_of(Path(str(args["path"])))
         return {"task": task, "pipeline": name}

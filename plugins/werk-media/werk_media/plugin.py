@@ -1,16 +1,21 @@
-"""Werk hook implementations for the Diffusers/Transformers media worker (backend ``media``).
+"""Werk hook implementations for the media workers: backends ``media`` and ``qwen-tts``.
 
-``werk backends install media`` builds the worker's environment (:mod:`.environment`),
-``werk models create-demo --kind image|tts|asr`` writes tiny models with it, and backend
-``media`` serves ``POST /v1/images/generations`` (Diffusers), ``/v1/audio/speech`` (VITS) and
-``/v1/audio/transcriptions`` (Transformers speech recognition) through one companion worker
+``werk backends install media`` builds the generic worker's environment (:mod:`.environment`),
+``werk models create-demo --kind image|tts|asr|classify`` writes tiny models with it, and backend
+``media`` serves ``POST /v1/images/generations`` (Diffusers), ``/v1/audio/speech`` (VITS),
+``/v1/audio/transcriptions`` (Transformers speech recognition) and ``/v1/classifications``
+(Transformers text classification) through one companion worker
 process (:mod:`.worker`, protocol in ``_worker.py``) that keeps an LRU of loaded pipelines.
+Backend ``qwen-tts`` is the managed Qwen3-TTS path: ``werk backends install qwen-tts``,
+``werk models create-demo --kind qwen-tts``, ``/v1/audio/speech`` through a second, separate
+worker (same program, the qwen-tts environment's python) with its own LRU.
 
-Rows: ``runtime.model_residency`` is ``supported`` while the worker lives (the reason says
-whether the model's pipeline is resident now, and the LRU's capacity), ``unavailable`` before it
-starts or after it ended (the reason names the install command when the libraries are
-missing). Pipelines have no text KV state: the plugin implements no state, prefill/decode or
-expert hook, so the host reports those rows ``unsupported`` (backend contract 1.1).
+Rows, per backend: ``runtime.model_residency`` is ``supported`` while that backend's worker
+lives (the reason says whether the model's pipeline is resident now, and the LRU's capacity;
+for qwen-tts also why voice cloning is unsupported), ``unavailable`` before it starts or after
+it ended (the reason names the install command when the environment is missing). Pipelines
+have no text KV state: the plugin implements no state, prefill/decode or expert hook, so the
+host reports those rows ``unsupported`` (backend contract 1.1).
 """
 
 from __future__ import annotations
@@ -40,10 +45,19 @@ from werk import (
 )
 
 from .demos import DEMOS
-from .environment import environment_spec, locate
+from .environment import (
+    MediaPython,
+    environment_spec,
+    locate,
+    locate_qwen,
+    qwen_environment_spec,
+)
 from .worker import MediaWorker
 
 BACKEND = "media"
+QWEN_BACKEND = "qwen-tts"
+QWEN_ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
+LOCATORS: dict[str, Callable[[], MediaPython]] = {BACKEND: locate, QWEN_BACKEND: locate_qwen}
 
 
 @dataclass(eq=False)
@@ -56,9 +70,9 @@ class MediaHandle:
 
 
 class _Shared:
-    """The one worker of this Werk process and the runtimes that use it."""
+    """The workers of this Werk process (one per backend) and the runtimes that use them."""
 
-    worker: MediaWorker | None = None
+    workers: dict[str, MediaWorker] = {}
     runtimes: list[Runtime] = []
 
 
@@ -77,14 +91,14 @@ def _pipeline_dir(spec: ModelSpec) -> Path:
     )
 
 
-async def _worker() -> MediaWorker:
-    worker = _Shared.worker
+async def _worker(kind: str) -> MediaWorker:
+    worker = _Shared.workers.get(kind)
     if worker is not None and worker.alive():
         return worker
     if worker is not None:  # it died between requests: reap it, release its directory
         await worker.stop()
-    worker = await MediaWorker.start(locate())
-    _Shared.worker = worker
+    worker = await MediaWorker.start(LOCATORS[kind](), kind)
+    _Shared.workers[kind] = worker
 
     def ended() -> None:
         for runtime in list(_Shared.runtimes):
@@ -96,10 +110,18 @@ async def _worker() -> MediaWorker:
 
 
 async def start_runtime(spec: ModelSpec) -> Runtime:
-    """``BackendDescriptor.start``: the worker (started if needed) probes the model."""
+    """``BackendDescriptor.start``: the backend's worker (started if needed) probes the
+    model; a Qwen3-TTS model belongs to backend qwen-tts, every other one to media."""
     path = _pipeline_dir(spec)
-    worker = await _worker()
+    worker = await _worker(spec.backend)
     probe = await worker.request("probe-model", {"path": str(path)})
+    is_qwen = probe.get("pipeline") == QWEN_ARCHITECTURE
+    if is_qwen != (spec.backend == QWEN_BACKEND):
+        right = QWEN_BACKEND if is_qwen else BACKEND
+        raise InvalidRequest(
+            f"model {spec.id!r} ({probe.get('pipeline')}) is served by backend {right!r}, not "
+            f"{spec.backend!r}: import it again with --backend {right}"
+        )
     runtime = Runtime(
         backend=spec.backend,
         model=spec,
@@ -128,8 +150,8 @@ async def stop_runtime(runtime: Runtime) -> None:
             return  # the worker ended; its runtimes are marked dead
     else:
         await worker.stop()
-        if _Shared.worker is worker:
-            _Shared.worker = None
+        if _Shared.workers.get(worker.kind) is worker:
+            del _Shared.workers[worker.kind]
 
 
 @hookimpl
@@ -141,34 +163,51 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             description="a resident Diffusers/Transformers media worker",
             start=start_runtime,
             stop=stop_runtime,
-            routes=("images.generations", "audio.speech", "audio.transcriptions"),
+            routes=(
+                "images.generations",
+                "audio.speech",
+                "audio.transcriptions",
+                "classifications",
+            ),
+        )
+    )
+    register(
+        BackendDescriptor(
+            name=QWEN_BACKEND,
+            formats=("qwen3-tts",),
+            description="a resident Qwen3-TTS worker (qwen-tts, its own environment)",
+            start=start_runtime,
+            stop=stop_runtime,
+            routes=("audio.speech",),
         )
     )
 
 
 @hookimpl
 def werk_backend_environments() -> list[EnvironmentSpec]:
-    """``werk backends install media``: torch (CPU build here), Diffusers, Transformers."""
-    return [environment_spec()]
+    """``werk backends install media``: torch (CPU build here), Diffusers, Transformers;
+    ``werk backends install qwen-tts``: qwen-tts 0.1.1 and Transformers 4.57.3."""
+    return [environment_spec(), qwen_environment_spec()]
 
 
 @hookimpl
 def werk_demo_models() -> list[DemoModel]:
-    """``werk models create-demo --kind image``: a tiny Stable Diffusion pipeline."""
+    """``werk models create-demo --kind image|tts|asr|qwen-tts``: tiny generated models."""
     return list(DEMOS)
 
 
 def _residency(context: CapabilityContext) -> CapabilityReport:
-    worker = _Shared.worker
+    kind = context.backend
+    worker = _Shared.workers.get(kind)
     if worker is None or not worker.alive():
         try:
-            found = locate()
+            found = LOCATORS[kind]()
         except WerkError as exc:
             why = exc.message
         else:
             why = (
-                f"no media worker is running (media libraries from {found.source}); the first "
-                "media request starts one"
+                f"no {kind} worker is running (its python from {found.source}); the first "
+                f"{kind} request starts one"
             )
         return CapabilityReport(
             id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.UNAVAILABLE, reason=why
@@ -183,15 +222,22 @@ def _residency(context: CapabilityContext) -> CapabilityReport:
         id=CapabilityId.MODEL_RESIDENCY,
         status=CapabilityStatus.SUPPORTED,
         operations=["load", "unload"],
-        reason=f"{where}the media worker (pid {worker.process.pid}) keeps "
+        reason=f"{where}the {kind} worker (pid {worker.process.pid}) keeps "
         f"{len(resident)} of at most {worker.capacity} pipeline(s) "
-        "(WERK_MEDIA_PIPELINE_CACHE_SIZE)",
+        f"(WERK_MEDIA_PIPELINE_CACHE_SIZE){_cloning_note(worker)}",
     )
+
+
+def _cloning_note(worker: MediaWorker) -> str:
+    cloning = worker.features.get("qwen_voice_cloning")
+    if worker.kind != QWEN_BACKEND or not cloning:
+        return ""
+    return f"; voice cloning {cloning.get('status')}: {cloning.get('reason')}"
 
 
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
-    if context.backend != BACKEND:
+    if context.backend not in LOCATORS:
         return []
     return [_residency(context)]
 
@@ -200,6 +246,7 @@ ROUTE_TASKS = {
     "images.generations": "text-to-image",
     "audio.speech": "text-to-speech",
     "audio.transcriptions": "automatic-speech-recognition",
+    "classifications": "text-classification",
 }
 
 
@@ -219,7 +266,16 @@ def _arguments(call: OpenAICall, handle: MediaHandle) -> dict[str, object]:
             "seed": body.get("seed"),
         }
     if call.route == "audio.speech":
-        return common | {"input": body["input"], "speed": body["speed"], "seed": body.get("seed")}
+        return common | {
+            "input": body["input"],
+            "voice": body.get("voice"),
+            "instructions": body.get("instructions"),
+            "speed": body["speed"],
+            "seed": body.get("seed"),
+        }
+    if call.route == "classifications":
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        return common | {"texts": texts, "top_k": body["top_k"]}
     return common | {"audio_b64": body["audio_b64"]}
 
 
@@ -244,5 +300,8 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
         return OpenAIReply(content=audio, media_type=str(result["content_type"]))
     if call.route == "audio.transcriptions":
         return OpenAIReply(body={"text": str(result.get("text", ""))})
+    if call.route == "classifications":
+        data = result.get("data", [])
+        return OpenAIReply(body={"object": "list", "model": runtime.model.id, "data": data})
     images = [{"b64_json": str(image)} for image in result.get("images", [])]
     return OpenAIReply(body={"created": int(time.time()), "data": images})

@@ -1,6 +1,8 @@
 """The host side of the media companion worker (protocol in ``_worker.py``).
 
-One worker process per Werk process, started on the first media request and reused while the
+One worker process per kind (``media``: the generic Diffusers/Transformers worker;
+``qwen-tts``: the Qwen3-TTS worker, in its own environment) per Werk process, started on the
+first request for a model of that kind and reused while the
 server lives; one request at a time (a lock). It is a :class:`werk.SupervisedProcess` with
 ``stdio``: frames on its stdin/stdout, its stderr in a log under a private
 :class:`werk.WorkDir`. Any failure ends the worker — an error reply, a malformed or foreign
@@ -25,6 +27,7 @@ import anyio
 from werk import (
     BackendError,
     CapabilityId,
+    InvalidRequest,
     SupervisedProcess,
     Unavailable,
     WerkTimeout,
@@ -63,7 +66,10 @@ def cache_size() -> int:
 class MediaWorker:
     """A running companion worker."""
 
-    def __init__(self, process: SupervisedProcess, workdir: WorkDir, found: MediaPython) -> None:
+    def __init__(
+        self, process: SupervisedProcess, workdir: WorkDir, found: MediaPython, kind: str
+    ) -> None:
+        self.kind = kind
         self.process = process
         self.workdir = workdir
         self.found = found
@@ -71,32 +77,37 @@ class MediaWorker:
         self.resident: list[dict[str, Any]] = []
         self.versions: dict[str, str] = {}
         self.capacity = 0
+        self.features: dict[str, dict[str, str]] = {}
         self._ids = itertools.count(1)
         self._lock = anyio.Lock()
         self._ended = False
         self._on_end: list[Callable[[], None]] = []
 
     @classmethod
-    async def start(cls, found: MediaPython) -> MediaWorker:
-        """Spawn the worker and wait for its ``health`` answer (imports take a while)."""
+    async def start(cls, found: MediaPython, kind: str = "media") -> MediaWorker:
+        """Spawn the worker of ``kind`` and wait for its ``health`` answer (imports take a
+        while)."""
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
         env[CACHE_SIZE_ENV] = str(cache_size())
         generation = "g_" + secrets.token_hex(8)
-        workdir = WorkDir.create(werk_home() / "backends" / "media-runs", generation)
+        workdir = WorkDir.create(werk_home() / "backends" / f"{kind}-runs", generation)
         process = SupervisedProcess.spawn(
             [found.python, str(WORKER_SCRIPT)], log_path=workdir.path / "worker.log", env=env,
-            cwd=workdir.path, name="media-worker", stdio=True,
+            cwd=workdir.path, name=f"{kind}-worker", stdio=True,
         )  # fmt: skip
-        worker = cls(process, workdir, found)
+        worker = cls(process, workdir, found, kind)
         worker.generation = generation
         process.on_exit(lambda code: worker._mark_ended())
         process.watch()
         health = await worker.request("health", {}, timeout=START_TIMEOUT_SECONDS)
         worker.versions = dict(health.get("versions") or {})
-        worker.capacity = int((await worker.request("capabilities", {}))["cache_size"])
+        capabilities = await worker.request("capabilities", {})
+        worker.capacity = int(capabilities["cache_size"])
+        worker.features = dict(capabilities.get("features") or {})
         log.info(
-            "media worker %s ready (%s, from %s)",
+            "%s worker %s ready (%s, from %s)",
+            kind,
             process.pid, ", ".join(f"{k} {v}" for k, v in worker.versions.items()), found.source,
         )  # fmt: skip
         return worker
@@ -133,7 +144,9 @@ class MediaWorker:
         """One request; any failure ends the worker (see the module docstring)."""
         async with self._lock:
             if not self.alive():
-                raise WorkerGone("the media worker is not running; the next request starts one")
+                raise WorkerGone(
+                    f"the {self.kind} worker is not running; the next request starts one"
+                )
             request_id = f"r{next(self._ids)}"
             frame = json.dumps({"v": TRANSPORT_VERSION, "id": request_id, "op": op, "args": args})
             try:
@@ -144,7 +157,7 @@ class MediaWorker:
             except TimeoutError:
                 await self.stop()
                 raise WerkTimeout(
-                    f"the media worker did not answer {op} in {timeout:.0f}s"
+                    f"the {self.kind} worker did not answer {op} in {timeout:.0f}s"
                 ) from None
             except BaseException:  # cancelled mid-request: its late reply must never be read
                 self.process.kill_now()
@@ -158,7 +171,7 @@ class MediaWorker:
             tail = self.process.log_tail(2048).strip().splitlines()[-1:] or ["no output"]
             await self.stop()
             raise WorkerGone(
-                f"the media worker exited during {op} (status {code}): {tail[0][:200]}"
+                f"the {self.kind} worker exited during {op} (status {code}): {tail[0][:200]}"
             )
         try:
             reply = json.loads(line)
@@ -167,17 +180,18 @@ class MediaWorker:
             valid = False
         if not valid:
             await self.stop()
-            raise WorkerGone(f"the media worker answered {op} with a malformed frame")
+            raise WorkerGone(f"the {self.kind} worker answered {op} with a malformed frame")
         if not reply.get("ok"):
             error = reply.get("error") or {}
             await self.stop()
-            raise WorkerGone(
-                f"the media worker failed {op}: {str(error.get('message', '?'))[:300]}"
-            )
+            message = str(error.get("message", "?"))[:300]
+            if error.get("kind") == "invalid":  # the request, not the worker, was at fault
+                raise InvalidRequest(message)
+            raise WorkerGone(f"the {self.kind} worker failed {op}: {message}")
         result = reply.get("result")
         if not isinstance(result, dict):
             await self.stop()
-            raise WorkerGone(f"the media worker answered {op} without a result")
+            raise WorkerGone(f"the {self.kind} worker answered {op} without a result")
         if "resident" in result:
             self.resident = list(result["resident"])
         return result
