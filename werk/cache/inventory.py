@@ -1,4 +1,4 @@
-"""The inventory behind ``werk cache list``: three categories, one list, stable ids.
+"""The inventory behind ``werk cache list``: four categories, one list, stable ids.
 
 * ``chat`` — sessions under ``chat-sessions/``: ``chat:<name>`` is the message archive (the
   whole session directory; a *conversation*, kept by bulk purges unless included) and
@@ -8,6 +8,8 @@
 * ``state`` — managed disk states under ``runtime-state/v1/``, read through
   :class:`~werk.state.catalog.StateCatalog` for every principal directory (principals are
   opaque; the local operator sees all of them): ``state:<principal dir>/<state id>``.
+* ``job`` — durable media job records under ``jobs/`` with their outputs (every principal's):
+  ``job:<job id>``; an unfinished job is ``active`` (its server's runner writes it).
 
 Listing is read-only: it creates, repairs and deletes nothing, and takes no lock. ``active``
 means a live process holds the entry now (a chat session's ``flock``, or what a plugin says);
@@ -45,6 +47,7 @@ class CacheKind(enum.StrEnum):
     CHAT = "chat"
     WORKER = "worker"
     STATE = "state"
+    JOB = "job"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +135,8 @@ def collect(
     warn: Callable[[str], None],
     kinds: frozenset[CacheKind] = frozenset(CacheKind),
 ) -> list[CacheItem]:
-    """Every cache entry of ``home`` in the categories ``kinds`` (chat, worker, state order)."""
+    """Every cache entry of ``home`` in the categories ``kinds`` (chat, worker, state, job
+    order)."""
     items: list[CacheItem] = []
     if CacheKind.CHAT in kinds:
         items += chat_items(home)
@@ -140,7 +144,54 @@ def collect(
         items += worker_items(home, pm, warn)
     if CacheKind.STATE in kinds:
         items += state_items(home)
+    if CacheKind.JOB in kinds:
+        items += job_items(home)
     return items
+
+
+# -- durable jobs ------------------------------------------------------------------------------
+
+
+def job_items(home: Path) -> list[CacheItem]:
+    from ..protocol import TERMINAL_JOB_STATUSES
+    from ..state.jobs import JobStore
+
+    store = JobStore(home, clock=time.time)
+    records = store.every_record()
+    if not records:
+        return []
+    sizes = store.sizes()
+    items = []
+    for _, record in records:
+        model = record.request.get("model") if isinstance(record.request, dict) else None
+        output = record.output
+        described = f"{record.kind} job, {record.status}"
+        if output is not None:
+            described += f", output {output.content_type}"
+        items.append(
+            CacheItem(
+                id=f"job:{record.id}",
+                kind=CacheKind.JOB,
+                location=f"jobs/{record.id}.json",
+                model=model if isinstance(model, str) else None,
+                bytes=sizes.get(record.id),
+                created_at=_epoch(record.created_at),
+                last_used_at=_epoch(record.updated_at),
+                active=None if record.status in TERMINAL_JOB_STATUSES else "an unfinished job",
+                description=described,
+                target=(record.id,),
+            )
+        )
+    return items
+
+
+def _epoch(stamp: str) -> float | None:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 # -- chat sessions -----------------------------------------------------------------------------

@@ -12,7 +12,8 @@ Naming one cache id is consent for that entry, conversation or not, but never ov
 owner: chat sessions through :class:`~werk.chat.archive.SessionStore` (under the session's
 lock), worker caches through the owning plugin's ``werk_cache_purge``, disk states through
 :meth:`StateCatalog.prune <werk.state.catalog.StateCatalog.prune>` (so the store's locking,
-reconciliation, pin rule and fsync discipline hold). An entry that became active or pinned
+reconciliation, pin rule and fsync discipline hold), finished jobs through
+:meth:`JobStore.remove <werk.state.jobs.JobStore.remove>`. An entry that became active or pinned
 meanwhile is skipped, not forced. Model weights and in-memory backend caches are never touched.
 """
 
@@ -126,11 +127,12 @@ def execute(plan: PurgePlan, home: Path, pm: WerkPluginManager) -> PurgeOutcome:
             states[item.target[0]].append(item)
             continue
         try:
-            done = (
-                _remove_chat(home, item)
-                if item.kind is CacheKind.CHAT
-                else _remove_worker(home, pm, item)
-            )
+            if item.kind is CacheKind.CHAT:
+                done = _remove_chat(home, item)
+            elif item.kind is CacheKind.JOB:
+                done = _remove_job(home, item)
+            else:
+                done = _remove_worker(home, pm, item)
         except Conflict as exc:
             outcome.skipped.append(
                 Skipped(id=item.id, reason=SkipReason.ACTIVE, detail=exc.message)
@@ -157,6 +159,14 @@ def _remove_chat(home: Path, item: CacheItem) -> bool:
 
     name, part = item.target
     return SessionStore(home).remove(name, only_native=part != "session")
+
+
+def _remove_job(home: Path, item: CacheItem) -> bool:
+    import time
+
+    from ..state.jobs import JobStore
+
+    return JobStore(home, clock=time.time).remove(item.target[0])
 
 
 def _remove_worker(home: Path, pm: WerkPluginManager, item: CacheItem) -> bool:

@@ -1,8 +1,9 @@
 """``werk cache list`` and ``werk cache purge``: local disk caches under ``WERK_HOME``.
 
-Three categories (see :mod:`werk.cache.inventory`): chat sessions (``chat:<name>``, and their
-native KV data ``chat:<name>/native``), plugin-owned worker caches (``worker:<plugin>/<id>``) and
-managed disk states (``state:<principal dir>/<state id>``). No server is needed; nothing here
+Four categories (see :mod:`werk.cache.inventory`): chat sessions (``chat:<name>``, and their
+native KV data ``chat:<name>/native``), plugin-owned worker caches (``worker:<plugin>/<id>``),
+managed disk states (``state:<principal dir>/<state id>``) and durable media jobs with their
+outputs (``job:<job id>``). No server is needed; nothing here
 removes model weights or evicts a running backend's in-memory caches.
 
 Purges preview unless ``--execute``. A bulk purge (``--all``) keeps conversation archives unless
@@ -30,14 +31,15 @@ __all__ = ["cache_app"]
 
 cache_app = typer.Typer(
     help="List and purge local disk caches: chat sessions (message archives and native KV "
-    "data), plugin-owned worker caches and managed disk states. Purges preview unless "
+    "data), plugin-owned worker caches, managed disk states and finished media jobs. Purges "
+    "preview unless "
     "--execute; model weights and in-memory backend caches are never touched.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
 app.add_typer(cache_app, name="cache")
 
-KIND_HELP = "Only this category: chat, worker or state."
+KIND_HELP = "Only this category: chat, worker, state or job."
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 ModelOpt = Annotated[
     str | None, typer.Option("--model", metavar="ID", help="Only entries of this model.")
@@ -65,7 +67,7 @@ def _filters(kind: str | None, model: str | None, older_than: str | None) -> Fil
             chosen = CacheKind(kind)
         except ValueError:
             raise typer.BadParameter(
-                f"{kind!r} is not one of chat, worker, state", param_hint="--kind"
+                f"{kind!r} is not one of chat, worker, state, job", param_hint="--kind"
             ) from None
     seconds = parse_duration(older_than) if older_than is not None else None
     return Filters(kind=chosen, model=model, older_than=seconds)
@@ -137,7 +139,8 @@ def list_caches(
     model: ModelOpt = None,
     older_than: OlderOpt = None,
 ) -> None:
-    """List chat sessions, plugin worker caches and managed disk states, with their ids.
+    """List chat sessions, plugin worker caches, managed disk states and finished media jobs
+    (with their outputs), with their ids.
 
     STATUS shows `active` (a live process holds it: every purge skips it), `pinned` (every
     purge skips it) and `conversation` (a message archive: `purge --all` keeps it unless

@@ -30,6 +30,7 @@ from .. import _fs
 from ..protocol import (
     IN_PROGRESS_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
+    Conflict,
     JobError,
     JobOutput,
     JobRecord,
@@ -168,6 +169,33 @@ class JobStore:
             return self.update(job_id, cancel_requested=True)
         return record
 
+    def remove(self, job_id: str) -> bool:
+        """Delete a finished record and its output (``werk cache purge``); ``False`` when it is
+        already gone. An unfinished job is ``conflict``: its runner still writes it."""
+        with self._lock, self._dirs() as (jobs, outputs), storage_errors("remove a job"):
+            stored = self._read(jobs, job_id) if _valid_id(job_id, "job_") else None
+            if stored is None:
+                return False
+            if stored.record.status not in TERMINAL_JOB_STATUSES:
+                raise Conflict(f"job {job_id} is {stored.record.status}: not finished")
+            if stored.record.output is not None:
+                _fs.remove_entry(outputs, stored.record.output.id)
+                _fs.fsync_dir(outputs)
+            _fs.remove_entry(jobs, f"{job_id}.json")
+            _fs.fsync_dir(jobs)
+        return True
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes on disk per job id: its record plus its output (``werk cache list``)."""
+        found: dict[str, int] = {}
+        with self._lock, self._dirs() as (jobs, outputs):
+            for stored in self._all(jobs):
+                size = _size_at(jobs, f"{stored.record.id}.json")
+                if stored.record.output is not None:
+                    size += _size_at(outputs, stored.record.output.id)
+                found[stored.record.id] = size
+        return found
+
     def save_output(self, job_id: str, data: bytes, content_type: str) -> JobOutput:
         if len(data) > MAX_OUTPUT_BYTES:
             raise ValueError("output too large")
@@ -233,6 +261,13 @@ class JobStore:
                 _fs.remove_entry(outputs, stored.record.output.id)
             _fs.remove_entry(jobs, f"{stored.record.id}.json")
         _fs.fsync_dir(jobs)
+
+
+def _size_at(dir_fd: int, name: str) -> int:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+    except OSError:
+        return 0
 
 
 def _valid_id(value: str, prefix: str) -> bool:
