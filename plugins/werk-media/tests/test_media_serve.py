@@ -11,6 +11,7 @@ SIGKILLed.
 from __future__ import annotations
 
 import io
+import re
 import signal
 import threading
 import time
@@ -250,17 +251,33 @@ def _lru(home: Path, cache_size: str) -> tuple[str, str]:
     raise AssertionError("werk serve did not start")
 
 
+def _resident_bytes(reason: str) -> int:
+    found = re.search(r", (\d+) bytes of parameters and buffers", reason)
+    assert found, reason
+    return int(found.group(1))
+
+
+def _weight_bytes(home: Path, model: str) -> int:
+    return sum(p.stat().st_size for p in (home / "models" / "files" / model).rglob("*.safetensors"))
+
+
 def test_with_one_pipeline_slot_alternating_models_evict_each_other(media_home: Path) -> None:
     a, b = _lru(media_home, "1")
     assert a.startswith("its pipeline is not loaded now")
     assert b.startswith("its pipeline is resident")
     assert "keeps 1 of at most 1 pipeline(s)" in b
+    # The entry's size is its parameters and buffers: the float32 weights on disk, give or
+    # take the safetensors headers and buffers that are not saved.
+    weights = _weight_bytes(media_home, IMAGE_B)
+    assert 0.9 * weights <= _resident_bytes(b) <= 1.1 * weights
 
 
 def test_with_two_pipeline_slots_both_stay_resident(media_home: Path) -> None:
     a, b = _lru(media_home, "2")
     assert a.startswith("its pipeline is resident") and b.startswith("its pipeline is resident")
     assert "keeps 2 of at most 2 pipeline(s)" in b
+    weights = _weight_bytes(media_home, IMAGE_A) + _weight_bytes(media_home, IMAGE_B)
+    assert 0.9 * weights <= _resident_bytes(b) <= 1.1 * weights
 
 
 def test_sigkill_of_werk_serve_leaves_no_media_worker(served: WerkServer) -> None:

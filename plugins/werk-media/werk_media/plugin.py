@@ -224,8 +224,13 @@ def _residency(context: CapabilityContext) -> CapabilityReport:
         operations=["load", "unload"],
         reason=f"{where}the {kind} worker (pid {worker.process.pid}) keeps "
         f"{len(resident)} of at most {worker.capacity} pipeline(s) "
-        f"(WERK_MEDIA_PIPELINE_CACHE_SIZE){_cloning_note(worker)}",
+        f"(WERK_MEDIA_PIPELINE_CACHE_SIZE), {_resident_bytes(worker)} bytes of parameters and "
+        f"buffers{_cloning_note(worker)}",
     )
+
+
+def _resident_bytes(worker: MediaWorker) -> int:
+    return sum(int(entry.get("bytes") or 0) for entry in worker.resident)
 
 
 def _cloning_note(worker: MediaWorker) -> str:
