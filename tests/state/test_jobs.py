@@ -47,6 +47,16 @@ def test_outputs_are_downloadable_only_by_the_jobs_principal(tmp_path: Path) -> 
         store.output(A, "out_missing")
 
 
+def test_a_finished_record_is_created_with_its_output_in_one_step(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    record = store.create_finished(A, "images.generations", {"model": "m"}, b"PNG", "image/png")
+    assert record.status is JobStatus.COMPLETED and record.output is not None
+    assert store.get(A, record.id) == record
+    assert store.output(A, record.output.id) == (b"PNG", "image/png")
+    with pytest.raises(NotFound):
+        store.output(B, record.output.id)
+
+
 def test_cancel_is_immediate_when_queued_and_requested_when_running(tmp_path: Path) -> None:
     store = _store(tmp_path)
     queued = store.create(A, "audio.speech", {})

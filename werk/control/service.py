@@ -366,6 +366,8 @@ class LocalControlService(WerkControl):
             )
         if kind == "images.generations" and body.get("n", 1) != 1:
             raise InvalidRequest("an image job makes one image: use 'n': 1")
+        if kind == "images.generations":  # a job's image is always a stored output
+            body = {**body, "response_format": "b64_json"}
         queue = self._job_send
         if queue is None:
             raise Unavailable("this server runs no job queue", retryable=False)
@@ -493,7 +495,35 @@ class LocalControlService(WerkControl):
         reply: OpenAIReply = await self.pm.call_operation(Operation.OPENAI, runtime, call=call)
         if reply.stream is not None:
             return OpenAIReply(stream=_ContainedStream(reply.stream, spec.backend))
+        if route == "images.generations" and body.get("response_format") == "url":
+            return await self._images_by_url(principal, body, reply)
         return reply
+
+    async def _images_by_url(
+        self, principal: str, body: dict[str, Any], reply: OpenAIReply
+    ) -> OpenAIReply:
+        """``response_format: url``: each image is kept as a finished job's output (private to
+        the caller, listed in ``/v1/jobs``, bounded by the job retention, purged by
+        ``werk cache``) and answered as ``{"url": "/v1/outputs/…"}``."""
+        items = (reply.body or {}).get("data") or []
+        urls = []
+        for item in items:
+            encoded = item.get("b64_json") if isinstance(item, dict) else None
+            if not isinstance(encoded, str):
+                raise BackendError("the backend answered the image request without an image")
+            record = await anyio.to_thread.run_sync(
+                functools.partial(
+                    self.job_store.create_finished,
+                    principal,
+                    "images.generations",
+                    body,
+                    base64.b64decode(encoded),
+                    "image/png",
+                )
+            )
+            assert record.output is not None
+            urls.append({"url": record.output.url})
+        return OpenAIReply(body={**(reply.body or {}), "data": urls})
 
     # -- lifecycle ---------------------------------------------------------------------------
 

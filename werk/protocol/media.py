@@ -44,7 +44,9 @@ class ImageGenerationRequest(Request, frozen=True, kw_only=True):
     """``POST /v1/images/generations``.
 
     :ivar size: ``WIDTHxHEIGHT``, each a multiple of 8 in 8..1024 (default ``512x512``).
-    :ivar response_format: ``b64_json``; ``url`` (a stored output) is not offered yet.
+    :ivar response_format: ``b64_json`` (the PNG inline), or ``url``: each image is kept as a
+        finished job's output and answered as ``{"url": "/v1/outputs/…"}`` (relative to the
+        server; private to the caller's API key).
     :ivar seed: makes the output reproducible (same model, same request, same bytes).
     :ivar steps: denoising steps (default 20).
     """
@@ -77,10 +79,6 @@ class ImageGenerationRequest(Request, frozen=True, kw_only=True):
 
     def validate(self) -> None:
         self.dimensions()
-        if self.response_format == "url":
-            raise Unsupported(
-                "'response_format' 'url' (stored outputs) is not offered yet; use 'b64_json'"
-            )
 
 
 class SpeechRequest(Request, frozen=True, kw_only=True):

@@ -124,6 +124,29 @@ class JobStore:
             self._write(jobs, _Stored(principal=principal, record=record))
         return record
 
+    def create_finished(
+        self, principal: str, kind: str, request: dict[str, Any], data: bytes, content_type: str
+    ) -> JobRecord:
+        """A ``completed`` record holding ``data`` as its output, in one step: what a
+        synchronous request answered by URL keeps (``response_format: url``). The output is
+        written (fsync) before the record, so a record never names a missing output."""
+        now = rfc3339(self._clock())
+        job_id = "job_" + secrets.token_urlsafe(16)
+        output = self.save_output(job_id, data, content_type)
+        record = JobRecord(
+            id=job_id,
+            kind=kind,
+            status=JobStatus.COMPLETED,
+            created_at=now,
+            updated_at=now,
+            request=request,
+            output=output,
+        )
+        with self._lock, self._dirs() as (jobs, outputs):
+            self._prune(jobs, outputs)
+            self._write(jobs, _Stored(principal=principal, record=record))
+        return record
+
     def get(self, principal: str, job_id: str) -> JobRecord:
         """The record, if it belongs to ``principal`` (``not_found`` otherwise)."""
         with self._lock, self._dirs() as (jobs, _):

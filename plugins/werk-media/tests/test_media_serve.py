@@ -40,11 +40,13 @@ from werk.testing.server import WerkServer, werk_serve
 
 pytestmark = pytest.mark.slow
 
+OTHER_KEY = "media-key-other-0123456789"
+
 
 def _serve(home: Path, cache_size: str = "1") -> Iterator[WerkServer]:
     extra = {"WERK_BACKENDS_DIR": require_backends(), "WERK_MEDIA_PIPELINE_CACHE_SIZE": cache_size}
     models = [arg for model in (IMAGE_A, IMAGE_B, TTS, ASR, CLASSIFY) for arg in ("--model", model)]
-    args = [*models, "--api-key", KEY]
+    args = [*models, "--api-key", KEY, "--api-key", OTHER_KEY]
     with werk_serve(home, None, args, env=extra) as server:
         yield server
 
@@ -88,7 +90,6 @@ def test_an_image_is_a_valid_png_and_the_same_seed_gives_the_same_bytes(
         ({"n": 5}, 400, "n"),
         ({"prompt": "x" * 4001}, 400, "prompt"),
         ({"quality": "hd"}, 400, "quality"),
-        ({"response_format": "url"}, 501, "stored outputs"),
     ],
 )
 def test_out_of_bounds_requests_are_refused_with_typed_errors(
@@ -97,6 +98,24 @@ def test_out_of_bounds_requests_are_refused_with_typed_errors(
     response = generate(served, **fields)
     assert response.status_code == status, response.text
     assert fragment in response.json()["error"]["message"]
+
+
+def test_response_format_url_stores_each_image_as_a_private_output(served: WerkServer) -> None:
+    inline, _ = png_of(generate(served, seed=5))
+    (single,) = generate(served, seed=5, response_format="url").json()["data"]
+    answer = generate(served, seed=5, n=2, response_format="url")
+    assert answer.status_code == 200, answer.text
+    urls = [item["url"] for item in answer.json()["data"]]
+    assert len(urls) == 2 and all(u.startswith("/v1/outputs/out_") for u in urls)
+    with served.client(KEY, timeout=60) as http:
+        stored = http.get(single["url"])
+        assert stored.status_code == 200 and stored.headers["content-type"] == "image/png"
+        assert stored.content == inline  # the same request and seed: the same bytes
+        assert all(http.get(url).content.startswith(b"\x89PNG") for url in urls)
+        listed = {j["output"]["url"] for j in http.get("/v1/jobs").json()["data"] if j["output"]}
+        assert set(urls) <= listed  # kept as finished jobs: retention and `werk cache` apply
+    with served.client(OTHER_KEY, timeout=60) as other:
+        assert other.get(urls[0]).status_code == 404
 
 
 def _speech(server: WerkServer, **fields: object) -> httpx.Response:
