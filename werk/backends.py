@@ -75,13 +75,14 @@ OpenAIRoute = Literal[
     "chat.completions",
     "completions",
     "images.generations",
+    "images.edits",
     "audio.speech",
     "audio.transcriptions",
     "classifications",
 ]
 """A ``/v1`` route a backend can serve: ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/images/generations``, ``/v1/audio/speech``, ``/v1/audio/transcriptions``,
-``/v1/classifications`` (Werk's own: text classification)."""
+``/v1/images/generations``, ``/v1/images/edits``, ``/v1/audio/speech``,
+``/v1/audio/transcriptions``, ``/v1/classifications`` (Werk's own: text classification)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -74,6 +74,7 @@ OPENAI_ROUTES = (
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
     ("POST", "/v1/images/generations"),
+    ("POST", "/v1/images/edits"),
     ("POST", "/v1/audio/speech"),
     ("POST", "/v1/audio/transcriptions"),
     ("POST", "/v1/classifications"),

@@ -52,9 +52,7 @@ NATIVE_CACHE_HOOK = "werk_chat_native_cache"
 """The hook :func:`plugin_native_cache` calls on the backend's owning plugin."""
 
 
-NativeCacheFactory = Callable[
-    [WerkPluginManager, NativeContext], Awaitable[NativeChatCache | None]
-]
+NativeCacheFactory = Callable[[WerkPluginManager, NativeContext], Awaitable[NativeChatCache | None]]
 """Returns a provider for this runtime, or ``None`` when it does not apply (another backend)."""
 
 

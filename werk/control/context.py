@@ -37,7 +37,6 @@ class ServiceConfig:
     persistence_defaults: PersistenceDefaults | None = None
 
 
-
 class ServiceContext(Protocol):
     """The collaborators and helpers of the local control service."""
 

@@ -495,12 +495,12 @@ class LocalControlService(WerkControl):
         reply: OpenAIReply = await self.pm.call_operation(Operation.OPENAI, runtime, call=call)
         if reply.stream is not None:
             return OpenAIReply(stream=_ContainedStream(reply.stream, spec.backend))
-        if route == "images.generations" and body.get("response_format") == "url":
-            return await self._images_by_url(principal, body, reply)
+        if route in ("images.generations", "images.edits") and body.get("response_format") == "url":
+            return await self._images_by_url(principal, route, body, reply)
         return reply
 
     async def _images_by_url(
-        self, principal: str, body: dict[str, Any], reply: OpenAIReply
+        self, principal: str, route: OpenAIRoute, body: dict[str, Any], reply: OpenAIReply
     ) -> OpenAIReply:
         """``response_format: url``: each image is kept as a finished job's output (private to
         the caller, listed in ``/v1/jobs``, bounded by the job retention, purged by
@@ -515,8 +515,8 @@ class LocalControlService(WerkControl):
                 functools.partial(
                     self.job_store.create_finished,
                     principal,
-                    "images.generations",
-                    body,
+                    route,
+                    {k: v for k, v in body.items() if k != "image_b64"},
                     base64.b64decode(encoded),
                     "image/png",
                 )

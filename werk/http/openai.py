@@ -22,11 +22,20 @@ from starlette.types import Receive, Scope, Send
 
 from ..backends import OpenAIReply
 from ..control.interface import WerkControl
-from ..protocol import BackendError, InvalidRequest, JobRecord, JobRequest, encode
+from ..protocol import (
+    BackendError,
+    InvalidRequest,
+    JobRecord,
+    JobRequest,
+    Unsupported,
+    encode,
+)
 from ..protocol.media import (
     MAX_AUDIO_BYTES,
     MAX_AUDIO_SECONDS,
+    MAX_IMAGE_UPLOAD_BYTES,
     ClassificationRequest,
+    ImageEditRequest,
     ImageGenerationRequest,
     SpeechRequest,
     TranscriptionRequest,
@@ -257,15 +266,63 @@ def _transcription_route(
     return run
 
 
+_FORM_NUMBERS: dict[str, type[int] | type[float]] = {
+    "temperature": float,
+    "n": int,
+    "seed": int,
+    "steps": int,
+    "strength": float,
+    "guidance_scale": float,
+}
+
+
 def _typed(fields: dict[str, Any]) -> dict[str, Any]:
-    """Form values are strings: a numeric ``temperature`` becomes a number for validation."""
+    """Form values are strings: the numeric ones become numbers for validation."""
     typed = dict(fields)
-    if "temperature" in typed:
-        try:
-            typed["temperature"] = float(typed["temperature"])
-        except ValueError:
-            raise InvalidRequest("'temperature' must be a number") from None
+    for name, kind in _FORM_NUMBERS.items():
+        if name in typed:
+            try:
+                typed[name] = kind(typed[name])
+            except ValueError:
+                raise InvalidRequest(f"'{name}' must be a number") from None
     return typed
+
+
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
+
+
+def _image_edit_route(
+    control: WerkControl, auth: Authenticator
+) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/images/edits``: a multipart upload of one PNG or JPEG (OpenAI's shape),
+    image to image; answered like a generation."""
+
+    async def run(request: Request) -> Response:
+        try:
+            principal = admit(request, auth)
+            form = await read_form(request, MAX_IMAGE_UPLOAD_BYTES + 64 * 1024, max_files=2)
+            files = {k: v for k, v in form.multi_items() if not isinstance(v, str)}
+            if "mask" in files or "mask" in form:
+                raise Unsupported("'mask' (inpainting) is not offered; send 'image' alone")
+            upload = form.get("image")
+            if upload is None or isinstance(upload, str) or set(files) != {"image"}:
+                raise InvalidRequest("'image' (one PNG or JPEG upload) is required, alone")
+            image = await upload.read()
+            await form.close()
+            fields = {k: v for k, v in form.multi_items() if k != "image"}
+            parsed = decode_body(msgspec.json.encode(_typed(fields)), ImageEditRequest)
+            parsed.validate()
+            if len(image) > MAX_IMAGE_UPLOAD_BYTES:
+                raise InvalidRequest(f"'image' is over {MAX_IMAGE_UPLOAD_BYTES} bytes")
+            if not image.startswith(_IMAGE_MAGIC):
+                raise InvalidRequest("'image' must be a PNG or JPEG file")
+            body: dict[str, Any] = msgspec.to_builtins(parsed)
+            body["image_b64"] = base64.b64encode(image).decode("ascii")
+            return _json_answer(await control.openai_request(principal, "images.edits", body))
+        except Exception as exc:
+            return error_response(request, exc)
+
+    return run
 
 
 def _models_route(
@@ -301,6 +358,7 @@ def openai_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
             _media_route(control, auth, "audio.speech", SpeechRequest, _file_answer),
             methods=["POST"],
         ),
+        Route("/v1/images/edits", _image_edit_route(control, auth), methods=["POST"]),
         Route("/v1/audio/transcriptions", _transcription_route(control, auth), methods=["POST"]),
         Route(
             "/v1/classifications",

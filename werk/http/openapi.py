@@ -147,7 +147,8 @@ def _media_paths(
         }
 
     images = {
-        "description": "The images, base64-encoded PNG (OpenAI shape)",
+        "description": "The images: base64-encoded PNG, or the URL of a stored output with "
+        "`response_format: url` (OpenAI shape)",
         "content": {
             "application/json": {
                 "schema": {
@@ -159,8 +160,10 @@ def _media_paths(
                             "type": "array",
                             "items": {
                                 "type": "object",
-                                "required": ["b64_json"],
-                                "properties": {"b64_json": {"type": "string"}},
+                                "properties": {
+                                    "b64_json": {"type": "string"},
+                                    "url": {"type": "string"},
+                                },
                             },
                         },
                     },
@@ -226,7 +229,31 @@ def _media_paths(
             }
         },
     }
+    edit_form = {
+        "type": "object",
+        "required": ["image", "model", "prompt"],
+        "properties": {
+            "image": {"type": "string", "format": "binary", "description": "a PNG or JPEG"},
+            "model": _MODEL_ID,
+            "prompt": {"type": "string", "minLength": 1, "maxLength": 4000},
+            "n": {"type": "integer", "minimum": 1, "maximum": 4, "default": 1},
+            "size": {"type": "string", "default": "512x512"},
+            "response_format": {"enum": ["b64_json", "url"], "default": "b64_json"},
+            "seed": {"type": "integer", "minimum": 0, "maximum": 4294967295},
+            "steps": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+            "strength": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.8},
+            "guidance_scale": {"type": "number", "minimum": 0, "maximum": 30, "default": 7.5},
+            "negative_prompt": {"type": "string", "maxLength": 4000},
+            "user": {"type": "string", "maxLength": 256},
+        },
+    }
     return {
+        "/v1/images/edits": post(
+            "Image to image from an uploaded PNG or JPEG with the model's media backend",
+            "openai_images_edits",
+            {"multipart/form-data": {"schema": edit_form}},
+            images,
+        ),
         "/v1/classifications": post(
             "Label texts with the model's text-classification backend (Werk's own route)",
             "werk_classifications",

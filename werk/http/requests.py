@@ -216,9 +216,9 @@ async def read_object(request: Request, limit: int) -> dict[str, Any]:
     return decode(await read_body(request, limit), dict[str, Any])
 
 
-async def read_form(request: Request, limit: int) -> FormData:
-    """A bounded ``multipart/form-data`` body (one file at most), parsed after it was read
-    whole, so a huge upload is refused before any parsing."""
+async def read_form(request: Request, limit: int, *, max_files: int = 1) -> FormData:
+    """A bounded ``multipart/form-data`` body (``max_files`` files at most), parsed after it
+    was read whole, so a huge upload is refused before any parsing."""
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media != "multipart/form-data":
         raise UnsupportedMediaType("this route takes multipart/form-data (a file upload)")
@@ -233,6 +233,6 @@ async def read_form(request: Request, limit: int) -> FormData:
         return {"type": "http.request", "body": body, "more_body": False}
 
     try:
-        return await Request(request.scope, replay).form(max_files=1, max_fields=16)
+        return await Request(request.scope, replay).form(max_files=max_files, max_fields=16)
     except (MultiPartException, ValueError, KeyError) as exc:
         raise InvalidRequest(f"the multipart form is malformed: {exc}") from None

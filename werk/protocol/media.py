@@ -20,9 +20,11 @@ __all__ = [
     "MAX_AUDIO_BYTES",
     "MAX_AUDIO_SECONDS",
     "MAX_CLASSIFICATION_INPUTS",
+    "MAX_IMAGE_UPLOAD_BYTES",
     "MAX_PROMPT_CHARS",
     "MAX_SPEECH_CHARS",
     "ClassificationRequest",
+    "ImageEditRequest",
     "ImageGenerationRequest",
     "SpeechRequest",
     "TranscriptionRequest",
@@ -37,7 +39,22 @@ MAX_SPEECH_CHARS = 4096
 MAX_AUDIO_BYTES = 25 * 1024 * 1024
 MAX_AUDIO_SECONDS = 600
 MAX_CLASSIFICATION_INPUTS = 32
+MAX_IMAGE_UPLOAD_BYTES = 16 * 1024 * 1024
 MAX_LABELS = 100
+
+
+def image_dimensions(size: str) -> tuple[int, int]:
+    """``(width, height)`` of a ``WIDTHxHEIGHT`` size; ``InvalidRequest`` when out of bounds."""
+    width_text, sep, height_text = size.partition("x")
+    if not sep or not width_text.isdigit() or not height_text.isdigit():
+        raise InvalidRequest(f"'size' must look like 512x512, not {size!r}")
+    width, height = int(width_text), int(height_text)
+    for side in (width, height):
+        if not IMAGE_SIDE_MIN <= side <= IMAGE_SIDE_MAX or side % 8:
+            raise InvalidRequest(
+                f"'size' sides must be multiples of 8 in {IMAGE_SIDE_MIN}..{IMAGE_SIDE_MAX}"
+            )
+    return width, height
 
 
 class ImageGenerationRequest(Request, frozen=True, kw_only=True):
@@ -66,19 +83,35 @@ class ImageGenerationRequest(Request, frozen=True, kw_only=True):
 
     def dimensions(self) -> tuple[int, int]:
         """``(width, height)`` from :attr:`size`; ``InvalidRequest`` when out of bounds."""
-        width_text, sep, height_text = self.size.partition("x")
-        if not sep or not width_text.isdigit() or not height_text.isdigit():
-            raise InvalidRequest(f"'size' must look like 512x512, not {self.size!r}")
-        width, height = int(width_text), int(height_text)
-        for side in (width, height):
-            if not IMAGE_SIDE_MIN <= side <= IMAGE_SIDE_MAX or side % 8:
-                raise InvalidRequest(
-                    f"'size' sides must be multiples of 8 in {IMAGE_SIDE_MIN}..{IMAGE_SIDE_MAX}"
-                )
-        return width, height
+        return image_dimensions(self.size)
 
     def validate(self) -> None:
         self.dimensions()
+
+
+class ImageEditRequest(Request, frozen=True, kw_only=True):
+    """``POST /v1/images/edits`` (multipart, OpenAI's shape): the form's fields besides
+    ``image`` (a PNG or JPEG, at most 16 MiB). Image to image: the pipeline starts from the
+    uploaded image, resized to ``size``, noised by ``strength``.
+
+    :ivar size: ``WIDTHxHEIGHT`` as for generations (default ``512x512``).
+    :ivar strength: how far from the image the result may go, 0 < strength <= 1 (default 0.8).
+    """
+
+    model: str
+    prompt: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PROMPT_CHARS)]
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_IMAGES)] = 1
+    size: str = "512x512"
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
+    steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_STEPS)] = 20
+    strength: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.8
+    guidance_scale: Annotated[float, msgspec.Meta(ge=0.0, le=30.0)] = 7.5
+    negative_prompt: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)] | None = None
+    user: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+
+    def validate(self) -> None:
+        image_dimensions(self.size)
 
 
 class SpeechRequest(Request, frozen=True, kw_only=True):

@@ -120,7 +120,8 @@ def test_the_qwen_environment_installs_qwen_tts_without_its_declared_dependencie
 def test_only_the_media_routes_reach_the_backend() -> None:
     routes = _pm().backends["media"].routes
     assert routes == (
-        "images.generations", "audio.speech", "audio.transcriptions", "classifications"
+        "images.generations", "images.edits", "audio.speech", "audio.transcriptions",
+        "classifications",
     )  # fmt: skip
 
 

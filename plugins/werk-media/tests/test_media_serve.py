@@ -35,6 +35,7 @@ from media_testing import (
     residency,
     workers,
 )
+from PIL import Image
 
 from werk.testing.server import WerkServer, werk_serve
 
@@ -116,6 +117,41 @@ def test_response_format_url_stores_each_image_as_a_private_output(served: WerkS
         assert set(urls) <= listed  # kept as finished jobs: retention and `werk cache` apply
     with served.client(OTHER_KEY, timeout=60) as other:
         assert other.get(urls[0]).status_code == 404
+
+
+def _edit(server: WerkServer, image: bytes, **fields: str) -> httpx.Response:
+    form = {"model": IMAGE_A, "prompt": "a blue cat", "size": "64x64", "seed": "7", **fields}
+    with server.client(KEY, timeout=600) as http:
+        return http.post(
+            "/v1/images/edits", data=form, files={"image": ("in.png", image, "image/png")}
+        )
+
+
+def test_an_image_edit_starts_from_the_upload_and_is_reproducible(served: WerkServer) -> None:
+    source, _ = png_of(generate(served, seed=1))
+    edited, image = png_of(_edit(served, source, size="64x48"))
+    assert (image.format, image.size) == ("PNG", (64, 48))
+    again, _ = png_of(_edit(served, source, size="64x48"))
+    assert again == edited
+    weaker, _ = png_of(_edit(served, source, size="64x48", strength="0.3"))
+    assert weaker != edited
+    jpeg = io.BytesIO()
+    Image.open(io.BytesIO(source)).save(jpeg, format="JPEG")
+    assert _edit(served, jpeg.getvalue()).status_code == 200
+    with served.client(KEY, timeout=60) as http:
+        pair = [("image", ("a.png", source, "image/png")), ("mask", ("m.png", source, "image/png"))]
+        masked = http.post("/v1/images/edits", data={"model": IMAGE_A, "prompt": "x"}, files=pair)
+    assert masked.status_code == 501 and "inpainting" in masked.json()["error"]["message"]
+    for bad, fragment in (
+        (b"GIF89a....", "PNG or JPEG"),
+        (b"\x89PNG\r\n\x1a\n" + b"\0" * 40, "not a readable PNG or JPEG"),
+    ):
+        refused = _edit(served, bad)
+        assert refused.status_code == 400 and fragment in refused.json()["error"]["message"]
+    assert _edit(served, source, strength="0").status_code == 400
+    assert _edit(served, source, steps="many").status_code == 400
+    wrong = _edit(served, source, model=TTS)
+    assert wrong.status_code == 400 and "needs a text-to-image model" in wrong.text
 
 
 def _speech(server: WerkServer, **fields: object) -> httpx.Response:

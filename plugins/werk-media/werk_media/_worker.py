@@ -7,11 +7,11 @@ One request at a time over stdio, one JSON object per line (transport version 1)
   ``{"v": 1, "id": "r1", "ok": false, "error": {"kind": KIND, "message": TEXT}}``
 
 Operations: ``health`` (versions, pid, resident pipelines), ``capabilities`` (tasks this
-environment can run: Diffusers text-to-image, VITS or Qwen3-TTS text-to-speech, Transformers
-speech recognition and text classification; and ``features``: whether qwen-tts is here and
-whether its 25 Hz voice-cloning path can work), ``probe-model`` (the task and pipeline class of
-a model directory), ``estimate`` (weight bytes on disk), ``execute`` (run a task), ``unload``
-(drop one pipeline).
+environment can run: Diffusers text-to-image and image-to-image, VITS or Qwen3-TTS
+text-to-speech, Transformers speech recognition and text classification; and ``features``:
+whether qwen-tts is here and whether its 25 Hz voice-cloning path can work), ``probe-model``
+(the task and pipeline class of a model directory), ``estimate`` (weight bytes on disk),
+``execute`` (run a task), ``unload`` (drop one pipeline).
 A frame of another transport version is refused (kind ``version``). The host ends the worker
 after any error reply and never sends an ``execute`` twice.
 
@@ -45,10 +45,18 @@ from typing import Any
 
 TRANSPORT_VERSION = 1
 TASK_TEXT_TO_IMAGE = "text-to-image"
+TASK_IMAGE_TO_IMAGE = "image-to-image"  # an execute task on a text-to-image pipeline
+MAX_UPLOAD_SIDE = 4096
 TASK_TEXT_TO_SPEECH = "text-to-speech"
 TASK_SPEECH_RECOGNITION = "automatic-speech-recognition"
 TASK_TEXT_CLASSIFICATION = "text-classification"
-TASKS = (TASK_TEXT_TO_IMAGE, TASK_TEXT_TO_SPEECH, TASK_SPEECH_RECOGNITION, TASK_TEXT_CLASSIFICATION)
+TASKS = (
+    TASK_TEXT_TO_IMAGE,
+    TASK_IMAGE_TO_IMAGE,
+    TASK_TEXT_TO_SPEECH,
+    TASK_SPEECH_RECOGNITION,
+    TASK_TEXT_CLASSIFICATION,
+)
 # Transformers architectures by task (config.json "architectures").
 QWEN_ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 SPEECH_ARCHITECTURES = ("VitsModel", QWEN_ARCHITECTURE)
@@ -236,6 +244,20 @@ def _features() -> dict[str, dict[str, str]]:
     }
 
 
+def _uploaded_image(args: dict[str, Any]) -> Any:
+    """The uploaded PNG/JPEG as RGB, resized to the requested size."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(base64.b64decode(str(args["image_b64"]))))
+        if max(image.size) > MAX_UPLOAD_SIDE:
+            raise RequestError("invalid", f"'image' sides must be at most {MAX_UPLOAD_SIDE} px")
+        image = image.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise RequestError("invalid", f"'image' is not a readable PNG or JPEG: {exc}") from None
+    return image.resize((int(args["width"]), int(args["height"])))
+
+
 def _text_to_image(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -244,18 +266,29 @@ def _text_to_image(pipelines: Pipelines, args: dict[str, Any]) -> dict[str, Any]
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "big")
     generator = torch.Generator("cpu").manual_seed(int(seed))
+    common = {
+        "prompt": str(args["prompt"]),
+        "negative_prompt": args.get("negative_prompt"),
+        "num_inference_steps": int(args["steps"]),
+        "guidance_scale": float(args["guidance_scale"]),
+        "num_images_per_prompt": int(args.get("n", 1)),
+        "generator": generator,
+        "output_type": "pil",
+    }
     started = time.monotonic()
-    result = pipeline(
-        prompt=str(args["prompt"]),
-        negative_prompt=args.get("negative_prompt"),
-        width=int(args["width"]),
-        height=int(args["height"]),
-        num_inference_steps=int(args["steps"]),
-        guidance_scale=float(args["guidance_scale"]),
-        num_images_per_prompt=int(args.get("n", 1)),
-        generator=generator,
-        output_type="pil",
-    )
+    if args.get("task") == TASK_IMAGE_TO_IMAGE:
+        from diffusers import AutoPipelineForImage2Image
+
+        try:  # the same components, shared: nothing is loaded twice
+            editor = AutoPipelineForImage2Image.from_pipe(pipeline)
+        except ValueError as exc:
+            raise RequestError(
+                "unsupported", f"{type(pipeline).__name__} has no image-to-image form: {exc}"
+            ) from None
+        editor.set_progress_bar_config(disable=True)
+        result = editor(image=_uploaded_image(args), strength=float(args["strength"]), **common)
+    else:
+        result = pipeline(width=int(args["width"]), height=int(args["height"]), **common)
     images = []
     for image in result.images:
         buffer = io.BytesIO()
@@ -389,6 +422,7 @@ def _text_classification(pipelines: Pipelines, args: dict[str, Any]) -> dict[str
 
 EXECUTORS = {
     TASK_TEXT_TO_IMAGE: _text_to_image,
+    TASK_IMAGE_TO_IMAGE: _text_to_image,
     TASK_TEXT_TO_SPEECH: _text_to_speech,
     TASK_SPEECH_RECOGNITION: _speech_recognition,
     TASK_TEXT_CLASSIFICATION: _text_classification,

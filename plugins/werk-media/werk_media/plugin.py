@@ -165,6 +165,7 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             stop=stop_runtime,
             routes=(
                 "images.generations",
+                "images.edits",
                 "audio.speech",
                 "audio.transcriptions",
                 "classifications",
@@ -249,6 +250,7 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
 
 ROUTE_TASKS = {
     "images.generations": "text-to-image",
+    "images.edits": "text-to-image",  # image to image, from the same pipeline's components
     "audio.speech": "text-to-speech",
     "audio.transcriptions": "automatic-speech-recognition",
     "classifications": "text-classification",
@@ -258,8 +260,14 @@ ROUTE_TASKS = {
 def _arguments(call: OpenAICall, handle: MediaHandle) -> dict[str, object]:
     body = call.body
     common: dict[str, object] = {"task": handle.task, "path": str(handle.path)}
-    if call.route == "images.generations":
+    if call.route in ("images.generations", "images.edits"):
         width, height = (int(side) for side in str(body["size"]).split("x"))
+        if call.route == "images.edits":
+            common |= {
+                "task": "image-to-image",
+                "image_b64": body["image_b64"],
+                "strength": body["strength"],
+            }
         return common | {
             "prompt": body["prompt"],
             "negative_prompt": body.get("negative_prompt"),

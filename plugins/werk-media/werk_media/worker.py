@@ -30,6 +30,7 @@ from werk import (
     InvalidRequest,
     SupervisedProcess,
     Unavailable,
+    Unsupported,
     WerkTimeout,
     WorkDir,
     werk_home,
@@ -187,6 +188,8 @@ class MediaWorker:
             message = str(error.get("message", "?"))[:300]
             if error.get("kind") == "invalid":  # the request, not the worker, was at fault
                 raise InvalidRequest(message)
+            if error.get("kind") == "unsupported":
+                raise Unsupported(message)
             raise WorkerGone(f"the {self.kind} worker failed {op}: {message}")
         result = reply.get("result")
         if not isinstance(result, dict):
