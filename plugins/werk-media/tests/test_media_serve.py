@@ -291,6 +291,9 @@ def test_a_worker_killed_mid_generation_fails_the_request_and_the_next_starts_co
     while psutil.pid_exists(worker.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not psutil.pid_exists(worker.pid)  # reaped by werk serve, not left a zombie
+    after_exit = residency(served, IMAGE_A)
+    assert after_exit["status"] == "unavailable", after_exit
+    assert after_exit["reason"].startswith("no media worker is running")
     again = generate(served)
     assert again.status_code == 200, again.text
     (fresh,) = workers(served.home)
