@@ -87,10 +87,11 @@ def test_purge_removes_finished_jobs_and_outputs_and_skips_the_unfinished_one(
 
 
 def test_the_store_refuses_to_remove_an_unfinished_job(tmp_path: Path) -> None:
-    import werk
-
     store = JobStore(tmp_path, clock=time.time)
     queued = store.create("p", "audio.speech", {"model": "m", "input": "x"})
-    with pytest.raises(werk.Conflict, match="is queued: not finished"):
-        store.remove(queued.id)
-    assert store.remove("job_missing") is False
+    assert store.remove(queued.id) == "unfinished"
+    assert store.get("p", queued.id) == queued
+    assert store.remove("job_missing") == "gone"
+    store.update(queued.id, status=JobStatus.CANCELLED)
+    assert store.remove(queued.id) == "removed"
+    assert store.remove(queued.id) == "gone"

@@ -166,7 +166,10 @@ def _remove_job(home: Path, item: CacheItem) -> bool:
 
     from ..state.jobs import JobStore
 
-    return JobStore(home, clock=time.time).remove(item.target[0])
+    outcome = JobStore(home, clock=time.time).remove(item.target[0])
+    if outcome == "unfinished":
+        raise Conflict(f"job {item.target[0]} is not finished: its server still runs it")
+    return outcome == "removed"
 
 
 def _remove_worker(home: Path, pm: WerkPluginManager, item: CacheItem) -> bool:

@@ -22,7 +22,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -30,7 +30,6 @@ from .. import _fs
 from ..protocol import (
     IN_PROGRESS_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
-    Conflict,
     JobError,
     JobOutput,
     JobRecord,
@@ -192,21 +191,22 @@ class JobStore:
             return self.update(job_id, cancel_requested=True)
         return record
 
-    def remove(self, job_id: str) -> bool:
-        """Delete a finished record and its output (``werk cache purge``); ``False`` when it is
-        already gone. An unfinished job is ``conflict``: its runner still writes it."""
+    def remove(self, job_id: str) -> Literal["removed", "gone", "unfinished"]:
+        """Delete a finished record and its output (``werk cache purge``): ``removed``;
+        ``gone`` when it is not there; ``unfinished`` (nothing deleted) while a runner may
+        still write it."""
         with self._lock, self._dirs() as (jobs, outputs), storage_errors("remove a job"):
             stored = self._read(jobs, job_id) if _valid_id(job_id, "job_") else None
             if stored is None:
-                return False
+                return "gone"
             if stored.record.status not in TERMINAL_JOB_STATUSES:
-                raise Conflict(f"job {job_id} is {stored.record.status}: not finished")
+                return "unfinished"
             if stored.record.output is not None:
                 _fs.remove_entry(outputs, stored.record.output.id)
                 _fs.fsync_dir(outputs)
             _fs.remove_entry(jobs, f"{job_id}.json")
             _fs.fsync_dir(jobs)
-        return True
+        return "removed"
 
     def sizes(self) -> dict[str, int]:
         """Bytes on disk per job id: its record plus its output (``werk cache list``)."""
