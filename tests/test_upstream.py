@@ -146,3 +146,26 @@ async def test_a_stream_that_ends_without_done_is_a_backend_error() -> None:
         with pytest.raises(werk.BackendError, match="X ended its stream before finishing"):
             await reply.stream.__anext__()
         await reply.stream.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_rewritten_stream_renames_json_chunks_and_closes_the_upstream() -> None:
+    body = Tracked(
+        [
+            b'data: {"model": "theirs", "choices": []}\n\n',
+            b'data: {"no_model": 1}\n\ndata: not json\n\n',
+            b"data: [DONE]\n\n",
+        ]
+    )
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=body)
+
+    async with client(answer) as http:
+        reply = await openai_upstream(http, "/v1/chat/completions", BODY, stream=True, what="X")
+        assert reply.stream is not None
+        stream = werk.RewrittenStream(reply.stream, werk.renamed("ours"))
+        payloads = [payload async for payload in stream]
+        await stream.aclose()
+    assert payloads == [b'{"model":"ours","choices":[]}', b'{"no_model":1}', b"not json"]
+    assert body.closed

@@ -81,7 +81,7 @@ from .supervise import (
     sweep_stale_workdirs,
     wait_until_ready,
 )
-from .upstream import UpstreamSSE, openai_upstream
+from .upstream import RewrittenStream, UpstreamSSE, openai_upstream, renamed
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -138,6 +138,7 @@ __all__ = [
     "Retention",
     "Reuse",
     "ReuseUnavailable",
+    "RewrittenStream",
     "Runtime",
     "StateKind",
     "SupervisedProcess",
@@ -161,6 +162,7 @@ __all__ = [
     "hookspec",
     "listens_on",
     "openai_upstream",
+    "renamed",
     "replace_private_file",
     "sweep_stale_workdirs",
     "wait_until_ready",

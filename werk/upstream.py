@@ -12,7 +12,7 @@ makes the backend cancel the generation.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -29,7 +29,14 @@ from .protocol import (
     WerkTimeout,
 )
 
-__all__ = ["MAX_EVENT_BYTES", "UpstreamSSE", "map_upstream_status", "openai_upstream"]
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "RewrittenStream",
+    "UpstreamSSE",
+    "map_upstream_status",
+    "openai_upstream",
+    "renamed",
+]
 
 log = logging.getLogger("werk.upstream")
 
@@ -122,6 +129,49 @@ class UpstreamSSE:
     async def aclose(self) -> None:
         self._done = True
         await self._response.aclose()
+
+
+class RewrittenStream:
+    """A relayed stream whose JSON chunks pass through ``rewrite`` (e.g. to name Werk's model
+    id instead of the backend's, or to normalise ``usage``); other payloads pass unchanged.
+
+    ``rewrite`` gets each decoded JSON object and returns the object to send. ``aclose()``
+    closes the upstream (the host always calls it when the exchange ends)."""
+
+    def __init__(
+        self, upstream: AsyncIterator[bytes], rewrite: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        self._upstream = upstream
+        self._rewrite = rewrite
+
+    def __aiter__(self) -> RewrittenStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        payload = await self._upstream.__anext__()
+        try:
+            chunk = msgspec.json.decode(payload)
+        except msgspec.DecodeError:
+            return payload
+        if not isinstance(chunk, dict):
+            return payload
+        return msgspec.json.encode(self._rewrite(chunk))
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._upstream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def renamed(model_id: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A :class:`RewrittenStream` rewrite that names ``model_id`` where a chunk names a model."""
+
+    def rewrite(chunk: dict[str, Any]) -> dict[str, Any]:
+        if "model" in chunk:
+            chunk["model"] = model_id
+        return chunk
+
+    return rewrite
 
 
 async def openai_upstream(

@@ -35,11 +35,13 @@ from werk import (
     EnvironmentSpec,
     OpenAICall,
     OpenAIReply,
+    RewrittenStream,
     Runtime,
     Unavailable,
     WerkError,
     hookimpl,
     openai_upstream,
+    renamed,
 )
 
 from .environment import DEMO, environment_spec
@@ -54,7 +56,6 @@ from .process import (
     stop_runtime,
 )
 from .remote import RemoteHandle, configured, endpoint_answers, start_remote, stop_remote
-from .renamed import RenamedStream
 
 LOCAL = "vllm"
 REMOTE = "vllm-remote"
@@ -230,7 +231,7 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
         )
         # The endpoint names its own model; clients see Werk's model id.
         if reply.stream is not None:
-            return OpenAIReply(stream=RenamedStream(reply.stream, runtime.model.id))
+            return OpenAIReply(stream=RewrittenStream(reply.stream, renamed(runtime.model.id)))
         if reply.body is not None:
             reply.body["model"] = runtime.model.id
         return reply
