@@ -1,6 +1,7 @@
 # The two commands the README promises: `make serve` and `make test`.
 # Both create .venv/ at the repository root when it is missing and install the host and every
-# bundled plugin in editable mode with the dev extras.
+# bundled plugin in editable mode with the dev extras (werk-omlx with its test extras: MLX for
+# the oMLX stand-in).
 
 PYTHON ?= python3
 VENV := .venv
@@ -18,7 +19,9 @@ TEST_BACKENDS ?= $(HOME)/.cache/werk/backends
 $(STAMP): $(PYPROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]' $(addprefix -e ,$(PLUGINS))
+	$(BIN)/python -m pip install --quiet -e '.[dev]' \
+		$(addprefix -e ,$(filter-out plugins/werk-omlx,$(PLUGINS))) -e 'plugins/werk-omlx[test]'
+
 	@touch $(STAMP)
 
 setup: $(STAMP)

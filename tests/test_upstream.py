@@ -169,3 +169,40 @@ async def test_a_rewritten_stream_renames_json_chunks_and_closes_the_upstream() 
         await stream.aclose()
     assert payloads == [b'{"model":"ours","choices":[]}', b'{"no_model":1}', b"not json"]
     assert body.closed
+
+
+class Broken(httpx.AsyncByteStream):
+    """A response body that loses its connection after the first event."""
+
+    def __init__(self, error: httpx.HTTPError) -> None:
+        self.error = error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'data: {"a":1}\n\n'
+        raise self.error
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("error", "expected", "words"),
+    [
+        (httpx.RemoteProtocolError("peer closed"), werk.BackendError, "X broke off its stream"),
+        (httpx.ReadTimeout("slow"), werk.WerkTimeout, "X stopped sending its stream"),
+    ],
+)
+async def test_a_connection_lost_mid_stream_is_the_backends_failure(
+    error: httpx.HTTPError, expected: type[werk.WerkError], words: str
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Broken(error))
+
+    async with client(answer) as http:
+        reply = await openai_upstream(http, "/v1/completions", BODY, stream=True, what="X")
+        assert reply.stream is not None
+        assert await reply.stream.__anext__() == b'{"a":1}'
+        with pytest.raises(expected, match=words):
+            await reply.stream.__anext__()
+        await reply.stream.aclose()

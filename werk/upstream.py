@@ -100,7 +100,10 @@ class UpstreamSSE:
             return
         except httpx.HTTPError as exc:
             self._done = True
-            raise _transport_error(exc, self._what) from None
+            if isinstance(exc, httpx.TimeoutException):
+                raise WerkTimeout(f"{self._what} stopped sending its stream") from None
+            # The reply had started: the backend went away mid-stream, it was reachable.
+            raise BackendError(f"{self._what} broke off its stream before finishing") from None
         self._buffer += chunk
         if len(self._buffer) > MAX_EVENT_BYTES:
             raise BackendError(f"{self._what} sent an oversized stream event")

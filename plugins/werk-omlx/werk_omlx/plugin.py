@@ -1,58 +1,171 @@
-"""Werk hook implementations for oMLX (Apple silicon, macOS only).
+"""Werk hook implementations for oMLX (backend ``omlx``).
 
-On other systems every operational row is ``unavailable`` (a prerequisite, macOS on Apple
-silicon, is missing). The plugin implements no state or prefill/decode hook, so the host reports
-those rows ``unsupported`` (backend contract 1.1).
+Werk starts an installed ``omlx`` CLI on demand (:mod:`.installation`, :mod:`.worker`) and
+relays ``/v1`` chat and text completions to it, streamed or not, with Werk's model id and
+Werk's errors (the worker's JSON errors are never forwarded). With ``werk serve --persistence``
+(retention auto or disk, reuse not disabled) the worker runs oMLX's native SSD prefix cache
+(4 GB) in its private directory, one worker per API key; reuse is *verified*: a request counts
+as reused only when the worker reports cached prompt tokens (:mod:`.reuse`), and the answer
+carries them as ``usage.prompt_tokens_details.cached_tokens``. The worker directories are in
+``werk cache`` (:mod:`.cache`).
+
+Rows, as the seed's matrix says for oMLX: ``runtime.model_residency`` ``supported`` while an
+owned worker of the model runs, ``unavailable`` before it starts, after it exited, or when no
+``omlx`` is installed (the reason says which); ``runtime.experts.residency`` ``unsupported``
+(Werk's expert adapter for oMLX is not built) or ``unavailable`` without oMLX; the plugin
+implements no state or prefill/decode hook, so the host reports those rows ``unsupported``.
 """
 
 from __future__ import annotations
 
-import platform
-import shutil
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from werk import (
     BackendDescriptor,
+    CacheEntry,
     CapabilityContext,
     CapabilityId,
     CapabilityReport,
     CapabilityStatus,
+    OpenAICall,
+    OpenAIReply,
+    RewrittenStream,
+    Runtime,
+    WerkError,
     hookimpl,
+    openai_upstream,
+    renamed,
 )
 
+from . import cache
+from .installation import locate
+from .reuse import ReuseCounter, normalize_usage
+from .worker import LIVE, OmlxHandle, start_runtime, stop_runtime
+
 BACKEND = "omlx"
+PLUGIN = "werk-omlx"
+ROUTES = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 @hookimpl
 def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
     register(
         BackendDescriptor(
-            name=BACKEND, formats=("mlx",), description="an installed oMLX CLI started on demand"
+            name=BACKEND,
+            formats=("mlx",),
+            description="an installed oMLX CLI started on demand",
+            start=start_runtime,
+            stop=stop_runtime,
         )
     )
 
 
-def _prerequisite() -> str:
-    if platform.system() != "Darwin" or platform.machine() != "arm64":
-        return (
-            f"oMLX needs macOS on Apple silicon; this is {platform.system()} {platform.machine()}"
+def _no_omlx() -> str | None:
+    try:
+        locate()
+    except WerkError as exc:
+        return exc.message
+    return None
+
+
+def _residency(context: CapabilityContext, missing: str | None) -> CapabilityReport:
+    handle = context.runtime.handle if context.runtime is not None else None
+    handles = [handle] if isinstance(handle, OmlxHandle) else list(LIVE)
+    if context.model is not None and not isinstance(handle, OmlxHandle):
+        handles = [h for h in handles if h.spec.id == context.model.id]
+    running = [(h, w) for h in handles for w in h.alive_workers()]
+    if running:
+        described = "; ".join(
+            f"pid {w.process.pid} for {h.spec.id} (prefix cache "
+            f"{'on' if h.cache_on else 'off'}; {w.counter.summary()})"
+            for h, w in running
         )
-    if shutil.which("omlx") is None:
-        return "no `omlx` executable on PATH"
-    return "no active oMLX worker"
+        return CapabilityReport(
+            id=CapabilityId.MODEL_RESIDENCY,
+            status=CapabilityStatus.SUPPORTED,
+            operations=["load", "unload"],
+            reason=f"owned oMLX worker(s) running: {described}",
+        )
+    if missing is not None:
+        why = missing
+    else:
+        exits = [h.last_exit for h in handles if h.last_exit]
+        why = (
+            f"{exits[-1]}; the next request starts a new one"
+            if exits
+            else "no oMLX worker is running; the first request for the model starts one"
+        )
+    return CapabilityReport(
+        id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.UNAVAILABLE, reason=why
+    )
 
 
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
-    missing = _prerequisite()
-    rows = [
-        CapabilityReport(
-            id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.UNAVAILABLE, reason=missing
-        ),
+    if context.backend != BACKEND:
+        return []
+    missing = _no_omlx()
+    experts = (
         CapabilityReport(
             id=CapabilityId.EXPERTS_RESIDENCY,
             status=CapabilityStatus.UNAVAILABLE,
-            reason=f"{missing}; needs a loaded worker with explicit expert offload",
-        ),
-    ]
-    return rows
+            reason=f"{missing}; expert offload needs a loaded oMLX worker",
+        )
+        if missing is not None
+        else CapabilityReport(
+            id=CapabilityId.EXPERTS_RESIDENCY,
+            status=CapabilityStatus.UNSUPPORTED,
+            reason="Werk's oMLX expert adapter is not built: no expert residency is observed "
+            "or moved",
+        )
+    )
+    return [_residency(context, missing), experts]
+
+
+def _verified(counter: ReuseCounter) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A stream rewrite: usage chunks in OpenAI's shape, their verified reuse counted."""
+
+    def rewrite(chunk: dict[str, Any]) -> dict[str, Any]:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            counter.record(normalize_usage(usage))
+        return chunk
+
+    return rewrite
+
+
+@hookimpl
+async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
+    """Relay ``/v1`` chat and text completions to the partition's worker."""
+    handle = runtime.handle
+    if not isinstance(handle, OmlxHandle) or call.route not in ROUTES:
+        return None
+    worker = await handle.worker(handle.partition(call.cache_salt))
+    body = dict(call.body)
+    body["model"] = worker.served
+    reply = await openai_upstream(
+        worker.http, ROUTES[call.route], body, stream=call.stream, what="oMLX"
+    )
+    if reply.stream is not None:
+        rename, count = renamed(runtime.model.id), _verified(worker.counter)
+        return OpenAIReply(stream=RewrittenStream(reply.stream, lambda c: count(rename(c))))
+    if reply.body is not None:
+        reply.body["model"] = runtime.model.id
+        usage = reply.body.get("usage")
+        if isinstance(usage, dict):
+            worker.counter.record(normalize_usage(usage))
+    return reply
+
+
+@hookimpl
+def werk_cache_inventory(home: Path) -> list[CacheEntry]:
+    """The worker directories under ``backends/omlx/workers/`` (see :mod:`.cache`)."""
+    return cache.inventory(home)
+
+
+@hookimpl
+def werk_cache_purge(home: Path, entry_id: str) -> bool | None:
+    """Remove a worker directory no worker holds (``Conflict`` while one runs)."""
+    return cache.purge(home, entry_id)
