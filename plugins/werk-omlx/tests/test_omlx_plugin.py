@@ -1,15 +1,19 @@
-"""werk-omlx: loaded through its real entry point; capability truth on this machine.
+"""werk-omlx: loaded through its real entry point; capability truth without a running worker.
 
-oMLX needs macOS on Apple silicon and a loaded worker. Without an active worker, residency and
-expert residency are ``unavailable`` (a prerequisite is missing) and every named-state and
-prefill/decode row is ``unsupported`` (oMLX has no such contract); the seed's "other production
-backends" column, which does not advertise ``runtime.state.restore.cross_restart``.
+No ``omlx`` executable: residency and expert residency are ``unavailable`` (the reason names
+what is missing, the platform included off macOS). An executable but no worker: residency
+``unavailable`` (the first request starts one), expert residency ``unsupported`` (Werk's oMLX
+expert adapter is not built). Every named-state and prefill/decode row is ``unsupported``; the
+seed's "other production backends" column, which does not advertise
+``runtime.state.restore.cross_restart``. Running and after-crash rows are proven through
+``werk serve`` in ``test_omlx_serve.py``.
 """
 
 from __future__ import annotations
 
 import platform
 from importlib.metadata import entry_points
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -61,16 +65,47 @@ def test_registers_the_omlx_backend() -> None:
     pm = _pm()
     assert set(pm.backends) == {"omlx"}
     assert pm.backends["omlx"].formats == ("mlx",)
+    assert pm.backends["omlx"].start is not None
+    assert pm.backends["omlx"].routes == ("chat.completions", "completions")
     pm.check_pending()
 
 
-def test_matrix_without_an_active_worker() -> None:
+@pytest.fixture
+def no_omlx(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("WERK_OMLX_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no omlx anywhere
+
+
+def test_matrix_without_an_executable(no_omlx: None) -> None:
     core = {r.id: r.status.value for r in _rows() if r.id.startswith("runtime.")}
     assert core == NO_WORKER_COLUMN
+    reason = next(r for r in _rows() if r.id == "runtime.model_residency").reason or ""
+    assert "no `omlx` executable (WERK_OMLX_BIN unset, none on PATH)" in reason
+
+
+def test_matrix_with_an_executable_before_any_worker_starts(
+    monkeypatch: pytest.MonkeyPatch, omlx_bin: Path
+) -> None:
+    monkeypatch.setenv("WERK_OMLX_BIN", str(omlx_bin))
+    rows = {r.id: r for r in _rows()}
+    core = {i: r.status.value for i, r in rows.items() if i.startswith("runtime.")}
+    assert core == NO_WORKER_COLUMN | {"runtime.experts.residency": UNSUPPORTED}
+    assert rows["runtime.model_residency"].reason == (
+        "no oMLX worker is running; the first request for the model starts one"
+    )
+    assert "expert adapter is not built" in (rows["runtime.experts.residency"].reason or "")
+
+
+def test_a_configured_path_that_is_not_executable_is_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("WERK_OMLX_BIN", str(tmp_path / "missing"))
+    reason = next(r for r in _rows() if r.id == "runtime.model_residency").reason
+    assert reason == f"WERK_OMLX_BIN={tmp_path / 'missing'} is not an executable"
 
 
 @pytest.mark.skipif(APPLE_SILICON, reason="explains a missing platform prerequisite")
-def test_reason_names_the_missing_platform() -> None:
+def test_reason_names_the_missing_platform(no_omlx: None) -> None:
     rows = {r.id: r for r in _rows()}
     for cap in ("runtime.model_residency", "runtime.experts.residency"):
         reason = rows[cap].reason or ""
