@@ -1,12 +1,12 @@
 """werk-omlx: loaded through its real entry point; capability truth without a running worker.
 
 No ``omlx`` executable: residency and expert residency are ``unavailable`` (the reason names
-what is missing, the platform included off macOS). An executable but no worker: residency
-``unavailable`` (the first request starts one), expert residency ``unsupported`` (Werk's oMLX
-expert adapter is not built). Every named-state and prefill/decode row is ``unsupported``; the
-seed's "other production backends" column, which does not advertise
-``runtime.state.restore.cross_restart``. Running and after-crash rows are proven through
-``werk serve`` in ``test_omlx_serve.py``.
+what is missing, the platform included off macOS). An executable but no runtime: residency
+``unavailable`` (the first request starts one), expert residency ``unsupported`` (the adapter is
+decided per model when its runtime starts; ``test_omlx_experts.py`` proves the other cells).
+Every named-state and prefill/decode row is ``unsupported``; the seed's "other production
+backends" column, which does not advertise ``runtime.state.restore.cross_restart``. Running
+and after-crash rows are proven through ``werk serve`` in ``test_omlx_serve.py``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,9 @@ def test_matrix_with_an_executable_before_any_worker_starts(
     assert rows["runtime.model_residency"].reason == (
         "no oMLX worker is running; the first request for the model starts one"
     )
-    assert "expert adapter is not built" in (rows["runtime.experts.residency"].reason or "")
+    assert "decided per model when its runtime starts" in (
+        rows["runtime.experts.residency"].reason or ""
+    )
 
 
 def test_a_configured_path_that_is_not_executable_is_the_reason(

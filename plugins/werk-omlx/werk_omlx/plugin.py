@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from werk import (
     BackendDescriptor,
     CacheEntry,
@@ -29,6 +31,11 @@ from werk import (
     CapabilityId,
     CapabilityReport,
     CapabilityStatus,
+    ExpertMove,
+    ExpertMoveOutcome,
+    ExpertObservation,
+    ExpertReport,
+    ExpertTier,
     OpenAICall,
     OpenAIReply,
     RewrittenStream,
@@ -40,6 +47,7 @@ from werk import (
 )
 
 from . import cache
+from .experts import BUDGET_ENV
 from .installation import locate
 from .reuse import ReuseCounter, normalize_usage
 from .worker import LIVE, OmlxHandle, start_runtime, stop_runtime
@@ -102,26 +110,81 @@ def _residency(context: CapabilityContext, missing: str | None) -> CapabilityRep
     )
 
 
+def _experts(context: CapabilityContext, missing: str | None) -> CapabilityReport:
+    """``experimental`` only with the adapter active (self-check passed) for a running worker
+    of the model; ``unavailable`` without oMLX, after a failed self-check or with no worker;
+    ``unsupported`` for a checkpoint the adapter does not handle or without a budget."""
+
+    def row(
+        status: CapabilityStatus, reason: str, operations: list[str] | None = None
+    ) -> CapabilityReport:
+        return CapabilityReport(
+            id=CapabilityId.EXPERTS_RESIDENCY, status=status, reason=reason,
+            operations=operations or [],
+        )  # fmt: skip
+
+    if missing is not None:
+        return row(CapabilityStatus.UNAVAILABLE, f"{missing}; expert offload needs a loaded worker")
+    handle = context.runtime.handle if context.runtime is not None else None
+    if not isinstance(handle, OmlxHandle):
+        return row(
+            CapabilityStatus.UNSUPPORTED,
+            "the expert adapter is decided per model when its runtime starts: a DeepSeek MoE "
+            f"checkpoint (MLX affine layout) with {BUDGET_ENV} set",
+        )
+    adapter = handle.experts
+    if adapter is None:
+        return row(CapabilityStatus.UNSUPPORTED, f"no expert adapter: {handle.experts_reason}")
+    if not adapter.active:
+        return row(CapabilityStatus.UNAVAILABLE, adapter.problem or "the self-check failed")
+    if not handle.alive_workers():
+        return row(
+            CapabilityStatus.UNAVAILABLE,
+            "the expert adapter passed its self-check; no oMLX worker of the model is loaded",
+        )
+    mib = 1024 * 1024
+    return row(
+        CapabilityStatus.EXPERIMENTAL,
+        f"expert adapter active: {len(adapter.observe())} experts sliced from the safetensors "
+        f"files, {adapter.cached_bytes() / mib:.1f} of {adapter.budget / mib:.0f} MiB cached "
+        "in Werk's process (ram), the rest external",
+        ["observe", "prefetch", "evict"],
+    )
+
+
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     if context.backend != BACKEND:
         return []
     missing = _no_omlx()
-    experts = (
-        CapabilityReport(
-            id=CapabilityId.EXPERTS_RESIDENCY,
-            status=CapabilityStatus.UNAVAILABLE,
-            reason=f"{missing}; expert offload needs a loaded oMLX worker",
-        )
-        if missing is not None
-        else CapabilityReport(
-            id=CapabilityId.EXPERTS_RESIDENCY,
-            status=CapabilityStatus.UNSUPPORTED,
-            reason="Werk's oMLX expert adapter is not built: no expert residency is observed "
-            "or moved",
-        )
+    return [_residency(context, missing), _experts(context, missing)]
+
+
+@hookimpl
+async def werk_observe_experts(runtime: Runtime) -> ExpertReport | None:
+    """Every expert with its tier (``ram`` cached, ``external`` on disk) and exact size; the
+    worker's routing is not visible, so no accesses are reported."""
+    handle = runtime.handle
+    if not isinstance(handle, OmlxHandle) or handle.experts is None:
+        return None
+    observed = await anyio.to_thread.run_sync(handle.experts.observe)
+    return ExpertReport(
+        experts=[ExpertObservation(id=e, tier=ExpertTier(t), nbytes=n) for e, t, n in observed]
     )
-    return [_residency(context, missing), experts]
+
+
+@hookimpl
+async def werk_move_experts(runtime: Runtime, move: ExpertMove) -> ExpertMoveOutcome | None:
+    """Load experts into the cache (``ram``) or drop them (``external``); only real changes
+    are reported moved."""
+    handle = runtime.handle
+    if not isinstance(handle, OmlxHandle) or handle.experts is None:
+        return None
+    adapter = handle.experts
+    moved, failed = await anyio.to_thread.run_sync(
+        adapter.move, list(move.expert_ids), str(move.target)
+    )
+    return ExpertMoveOutcome(moved=moved, failed=failed)
 
 
 def _verified(counter: ReuseCounter) -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -61,6 +61,7 @@ from werk import (
     werk_home,
 )
 
+from .experts import ExpertAdapter, Unsupported, adapter_for
 from .installation import Inspection, Installation, inspect_omlx, locate, require_flags
 from .reuse import ReuseCounter
 
@@ -154,6 +155,8 @@ class OmlxHandle:
     failures: dict[str, tuple[int, float]] = field(default_factory=dict)
     last_exit: str | None = None
     closed: bool = False
+    experts: ExpertAdapter | None = None
+    experts_reason: str = ""
     _lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     def partition(self, cache_salt: str | None) -> str:
@@ -360,6 +363,10 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         spec=spec, model_dir=model_dir, installation=installation, inspection=inspection,
         cache_on=cache_on,
     )  # fmt: skip
+    try:
+        handle.experts = await anyio.to_thread.run_sync(adapter_for, model_dir)
+    except Unsupported as exc:
+        handle.experts_reason = str(exc)
     LIVE.add(handle)
     return Runtime(
         backend=spec.backend,
