@@ -88,6 +88,45 @@ def test_a_broken_shard_makes_the_adapter_unavailable_without_crashing(
     assert (adapter.problem or "").startswith("the expert self-check failed")
 
 
+def test_the_row_follows_the_adapter_and_the_worker(
+    moe_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, omlx_bin: Path
+) -> None:
+    """The cells without a server: adapter self-check failed → ``unavailable``; adapter
+    ready but no worker running → ``unavailable``; no adapter → ``unsupported``."""
+    from werk_omlx import plugin
+    from werk_omlx.installation import Inspection, Installation
+    from werk_omlx.worker import OmlxHandle
+
+    import werk
+
+    monkeypatch.setenv("WERK_OMLX_BIN", str(omlx_bin))
+    monkeypatch.setenv(BUDGET_ENV, "1")
+    spec = werk.ModelSpec(id="moe", backend="omlx", identity="sha256:" + "0" * 64)
+
+    def row(adapter: object, reason: str = "") -> werk.CapabilityReport:
+        handle = OmlxHandle(
+            spec=spec, model_dir=moe_model, installation=Installation(omlx_bin, "test"),
+            inspection=Inspection("0", frozenset()), cache_on=False,
+            experts=adapter, experts_reason=reason,  # type: ignore[arg-type]
+        )  # fmt: skip
+        runtime = werk.Runtime(backend="omlx", model=spec, generation="g_0", handle=handle)
+        context = werk.CapabilityContext(backend="omlx", model=spec, runtime=runtime)
+        (found,) = [
+            r for r in plugin.werk_capabilities(context) if r.id.value.endswith("experts.residency")
+        ]
+        return found
+
+    ready = adapter_for(moe_model)
+    assert row(ready).status.value == "unavailable"
+    assert "no oMLX worker of the model is loaded" in (row(ready).reason or "")
+    broken = adapter_for(moe_model)
+    broken.problem = "the expert self-check failed: broken"
+    assert (row(broken).status.value, row(broken).reason) == ("unavailable", broken.problem)
+    absent = row(None, "model_type 'llama' is not a DeepSeek MoE")
+    assert absent.status.value == "unsupported"
+    assert absent.reason == "no expert adapter: model_type 'llama' is not a DeepSeek MoE"
+
+
 def test_expert_residency_through_werk_serve_acts_on_real_slices(
     moe_model: Path, omlx_bin: Path, tmp_path: Path
 ) -> None:

@@ -70,6 +70,20 @@ def test_persistence_reuses_a_long_system_prompt_verified_by_the_worker(
         assert [p.name for p in (base / "models").iterdir()] == [MODEL]  # only this model
         assert any(cache_dir.rglob("*.safetensors"))  # the worker's real cache files
         assert not any(name.startswith("OMLX_") for name in worker.environ())
+        with server.client(KEY) as http:
+            answer = http.get("/werk/v1/capabilities", params={"model": MODEL}).json()
+        rows = {r["id"]: r for r in answer["capabilities"] if r["id"].startswith("runtime.")}
+        unsupported = {
+            "runtime.state.prefix_cache", "runtime.state.persistence", "runtime.state.restore",
+            "runtime.state.tier.disk", "runtime.state.tier.ram", "runtime.state.tier.vram",
+            "runtime.pd.prefill", "runtime.pd.decode", "runtime.pd.handoff",
+            "runtime.experts.residency",
+        }  # fmt: skip
+        assert {i for i, r in rows.items() if r["status"] == "unsupported"} >= unsupported
+        assert "runtime.state.restore.cross_restart" not in rows
+        assert rows["runtime.experts.residency"]["reason"] == (
+            "no expert adapter: WERK_OMLX_EXPERT_CACHE_MB is not set to a positive number of MiB"
+        )
         row = residency(server)
         assert row["status"] == "supported"
         guardian = worker.ppid()  # the worker runs under its process-group guardian
