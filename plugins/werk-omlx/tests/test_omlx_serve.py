@@ -143,6 +143,14 @@ def test_without_persistence_the_worker_runs_without_a_cache(
         assert _cached(chat(server, "One.")) == 0
         assert _cached(chat(server, "One.")) == 0
         assert _cached(chat(server, "One.", key=OTHER_KEY)) == 0
+        with server.client(KEY, timeout=120) as http:
+            text = http.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": "Once", "max_tokens": 3, "temperature": 0},
+            )
+        assert text.status_code == 200, text.text
+        assert text.json()["object"] == "text_completion" and text.json()["model"] == MODEL
+        assert text.json()["usage"]["completion_tokens"] == 3
         (worker,) = workers(omlx_home)  # one worker for every key: it keeps no prefix
         assert "--no-cache" in worker.cmdline()
         assert "--paged-ssd-cache-dir" not in worker.cmdline()
@@ -211,3 +219,17 @@ def test_an_omlx_without_a_generated_flag_is_refused_before_anything_starts(
         assert answer.status_code == 503, answer.text
         assert "does not offer --paged-ssd-cache-dir" in answer.json()["error"]["message"]
     assert not Path(f"{fake}.started").exists()
+
+
+def test_sigkill_of_werk_serve_leaves_no_omlx_worker(omlx_home: Path, omlx_bin: Path) -> None:
+    with _serve(omlx_home, omlx_bin, "--persistence") as server:
+        assert chat(server, "One.").status_code == 200
+        assert chat(server, "Two.", key=OTHER_KEY).status_code == 200
+        pids = [w.pid for w in workers(omlx_home)]
+        assert len(pids) == 2
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not workers(omlx_home)
