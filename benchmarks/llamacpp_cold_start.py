@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -37,6 +36,8 @@ from llamacpp_proxy_overhead import (
     wait_http,
     werk_serve,
 )
+
+from werk.supervise import stop_group
 
 CHAT = {
     "model": "demo",
@@ -81,15 +82,18 @@ def direct_run(args: list[str], work: Path) -> tuple[float, float]:
         argv[argv.index(flag) + 1] = str(value)
     started = time.perf_counter()
     with (work / f"llama-{port}.log").open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", process)
         ready = time.perf_counter() - started
         token = first_token(url, {"Authorization": f"Bearer {key}"}) - started
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
+        # Werk's stop path: a llama-server that ignores SIGTERM is killed after 10 s, never
+        # left running (it once did, and wait(timeout=60) raised with the child still alive).
+        stop_group(process, grace=10)
     return ready, token
 
 
@@ -110,14 +114,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llama-server arguments (Werk's): {' '.join(child_args[1:5])} …")
         werk: list[tuple[float, float]] = []
         direct: list[tuple[float, float]] = []
+        failure: BaseException | None = None
         for run in range(args.runs):
-            ready, token, _ = werk_run(home, work / f"serve-{run + 1}.log")
+            try:
+                ready, token, _ = werk_run(home, work / f"serve-{run + 1}.log")
+                direct_ready, direct_token = direct_run(child_args, work)
+            except (Exception, KeyboardInterrupt) as exc:  # print what finished, then fail
+                failure = exc
+                print(f"run {run + 1} failed: {type(exc).__name__}: {exc}")
+                break
             werk.append((ready, token))
-            direct.append(direct_run(child_args, work))
+            direct.append((direct_ready, direct_token))
             print(
                 f"run {run + 1}: werk ready {ready:.3f} s, first token {token:.3f} s | "
-                f"llama-server ready {direct[-1][0]:.3f} s, first token {direct[-1][1]:.3f} s"
+                f"llama-server ready {direct_ready:.3f} s, first token {direct_token:.3f} s"
             )
+        if not werk:
+            raise SystemExit(f"no run finished ({failure!r})")
         w_ready = statistics.median(r for r, _ in werk)
         w_token = statistics.median(t for _, t in werk)
         d_ready = statistics.median(r for r, _ in direct)
@@ -128,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             f"first token: werk adds {w_token - d_token:+.3f} s, ratio werk/direct "
             f"{w_token / d_token:.2f}"
         )
+        if failure is not None:
+            print(f"only {len(werk)} of {args.runs} runs finished")
+            return 1
     return 0
 
 

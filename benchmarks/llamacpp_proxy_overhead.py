@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from werk.supervise import stop_group
 
 BIN = Path(sys.executable).parent
 WERK = BIN / "werk"
@@ -107,18 +108,14 @@ def werk_serve(home: Path, models: Sequence[str], log: Path) -> Iterator[Served]
             env=werk_env(home),
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/werk/v1/health", process)
         yield Served(process, url, started)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_group(process, grace=60)  # Werk's own stop path: SIGTERM, bounded wait, SIGKILL
 
 
 @dataclass

@@ -267,3 +267,34 @@ async def test_a_guarded_program_reports_its_own_exit_status(tmp_path: Path) -> 
         while len(_group(sleeper.pid)) < 2:
             await anyio.sleep(0.02)
     assert await sleeper.terminate(grace=5) == 128 + signal.SIGTERM  # graceful: via the program
+
+
+def _group_leader(script: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A shell leading its own group that starts a TERM-ignoring helper and prints its pid."""
+    leader = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    assert leader.stdout is not None
+    with leader.stdout:
+        helper = int(leader.stdout.readline())
+    return leader, helper
+
+
+def test_stop_group_kills_a_leader_that_ignores_sigterm_and_its_helpers() -> None:
+    from werk.supervise import stop_group
+
+    leader, helper = _group_leader("trap '' TERM; sleep 300 & echo $!; wait")
+    started = time.monotonic()
+    assert stop_group(leader, grace=0.5) == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+    assert not psutil.pid_exists(helper) or psutil.Process(helper).status() == "zombie"
+
+
+def test_stop_group_also_stops_helpers_that_outlive_a_leader_that_obeyed() -> None:
+    from werk.supervise import stop_group
+
+    leader, helper = _group_leader("sh -c \"trap '' TERM; sleep 300\" & echo $!; sleep 300")
+    assert stop_group(leader, grace=5) == -signal.SIGTERM
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(helper) and psutil.Process(helper).status() != "zombie":
+        assert time.monotonic() < deadline, "the helper outlived its group"
+        time.sleep(0.02)
+    assert stop_group(leader) == -signal.SIGTERM  # idempotent

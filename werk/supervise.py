@@ -60,6 +60,7 @@ __all__ = [
     "WorkDir",
     "free_port",
     "listens_on",
+    "stop_group",
     "sweep_stale_workdirs",
     "wait_until_ready",
 ]
@@ -411,6 +412,31 @@ class SupervisedProcess:
                 return f.read().decode("utf-8", "replace")
         except OSError:
             return ""
+
+
+def stop_group(popen: subprocess.Popen[bytes], grace: float = TERM_GRACE_SECONDS) -> int:
+    """Stop a process started with ``start_new_session=True`` (it leads its own group) the way
+    Werk stops its children, synchronously: SIGTERM the group, wait up to ``grace`` seconds for
+    the leader, then SIGKILL the group — helpers that outlived the leader too — and reap. For
+    scripts and tests that use :mod:`subprocess` directly (the benchmarks); idempotent.
+
+    The group is signalled only while the leader is alive or an unreaped zombie, so its id
+    cannot have been reused by an unrelated process.
+    """
+    if popen.poll() is not None:
+        return popen.returncode
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            break  # exited, not reaped yet: the group id is still held
+        time.sleep(0.02)
+    else:
+        log.warning("process %s ignored SIGTERM for %.0f s; killing its group", popen.pid, grace)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    return popen.wait()
 
 
 async def wait_until_ready(
