@@ -193,7 +193,7 @@ def werk_backend_environments() -> list[EnvironmentSpec]:
 
 @hookimpl
 def werk_demo_models() -> list[DemoModel]:
-    """``werk models create-demo --kind image|tts|asr|qwen-tts``: tiny generated models."""
+    """``werk models create-demo --kind image|tts|asr|classify|qwen-tts``: tiny models."""
     return list(DEMOS)
 
 
