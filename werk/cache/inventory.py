@@ -156,13 +156,8 @@ def job_items(home: Path) -> list[CacheItem]:
     from ..protocol import TERMINAL_JOB_STATUSES
     from ..state.jobs import JobStore
 
-    store = JobStore(home, clock=time.time)
-    records = store.every_record()
-    if not records:
-        return []
-    sizes = store.sizes()
     items = []
-    for _, record in records:
+    for _, record in JobStore(home, clock=time.time).every_record():
         model = record.request.get("model") if isinstance(record.request, dict) else None
         output = record.output
         described = f"{record.kind} job, {record.status}"
@@ -174,7 +169,7 @@ def job_items(home: Path) -> list[CacheItem]:
                 kind=CacheKind.JOB,
                 location=f"jobs/{record.id}.json",
                 model=model if isinstance(model, str) else None,
-                bytes=sizes.get(record.id),
+                bytes=_record_bytes(home, record.id) + (output.bytes if output else 0),
                 created_at=_epoch(record.created_at),
                 last_used_at=_epoch(record.updated_at),
                 active=None if record.status in TERMINAL_JOB_STATUSES else "an unfinished job",
@@ -183,6 +178,14 @@ def job_items(home: Path) -> list[CacheItem]:
             )
         )
     return items
+
+
+def _record_bytes(home: Path, job_id: str) -> int:
+    """The record file's size (its output's size is in the record)."""
+    try:
+        return os.lstat(home / "jobs" / f"{job_id}.json").st_size
+    except OSError:
+        return 0
 
 
 def _epoch(stamp: str) -> float | None:

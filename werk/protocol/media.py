@@ -57,8 +57,8 @@ def image_dimensions(size: str) -> tuple[int, int]:
     return width, height
 
 
-class ImageGenerationRequest(Request, frozen=True, kw_only=True):
-    """``POST /v1/images/generations``.
+class _ImageRequest(Request, frozen=True, kw_only=True):
+    """The members image generations and edits share (their bounds are checked here).
 
     :ivar size: ``WIDTHxHEIGHT``, each a multiple of 8 in 8..1024 (default ``512x512``).
     :ivar response_format: ``b64_json`` (the PNG inline), or ``url``: each image is kept as a
@@ -78,8 +78,6 @@ class ImageGenerationRequest(Request, frozen=True, kw_only=True):
     guidance_scale: Annotated[float, msgspec.Meta(ge=0.0, le=30.0)] = 7.5
     negative_prompt: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)] | None = None
     user: Annotated[str, msgspec.Meta(max_length=256)] | None = None
-    as_job: bool = msgspec.field(default=False, name="async")
-    """``"async": true``: answer ``202`` with a durable job instead of waiting (then ``n`` 1)."""
 
     def dimensions(self) -> tuple[int, int]:
         """``(width, height)`` from :attr:`size`; ``InvalidRequest`` when out of bounds."""
@@ -89,29 +87,22 @@ class ImageGenerationRequest(Request, frozen=True, kw_only=True):
         self.dimensions()
 
 
-class ImageEditRequest(Request, frozen=True, kw_only=True):
+class ImageGenerationRequest(_ImageRequest, frozen=True, kw_only=True):
+    """``POST /v1/images/generations`` (members: see :class:`_ImageRequest`)."""
+
+    as_job: bool = msgspec.field(default=False, name="async")
+    """``"async": true``: answer ``202`` with a durable job instead of waiting (then ``n`` 1)."""
+
+
+class ImageEditRequest(_ImageRequest, frozen=True, kw_only=True):
     """``POST /v1/images/edits`` (multipart, OpenAI's shape): the form's fields besides
     ``image`` (a PNG or JPEG, at most 16 MiB). Image to image: the pipeline starts from the
     uploaded image, resized to ``size``, noised by ``strength``.
 
-    :ivar size: ``WIDTHxHEIGHT`` as for generations (default ``512x512``).
     :ivar strength: how far from the image the result may go, 0 < strength <= 1 (default 0.8).
     """
 
-    model: str
-    prompt: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PROMPT_CHARS)]
-    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_IMAGES)] = 1
-    size: str = "512x512"
-    response_format: Literal["b64_json", "url"] = "b64_json"
-    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] | None = None
-    steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_STEPS)] = 20
     strength: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.8
-    guidance_scale: Annotated[float, msgspec.Meta(ge=0.0, le=30.0)] = 7.5
-    negative_prompt: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)] | None = None
-    user: Annotated[str, msgspec.Meta(max_length=256)] | None = None
-
-    def validate(self) -> None:
-        image_dimensions(self.size)
 
 
 class SpeechRequest(Request, frozen=True, kw_only=True):

@@ -208,17 +208,6 @@ class JobStore:
             _fs.fsync_dir(jobs)
         return "removed"
 
-    def sizes(self) -> dict[str, int]:
-        """Bytes on disk per job id: its record plus its output (``werk cache list``)."""
-        found: dict[str, int] = {}
-        with self._lock, self._dirs() as (jobs, outputs):
-            for stored in self._all(jobs):
-                size = _size_at(jobs, f"{stored.record.id}.json")
-                if stored.record.output is not None:
-                    size += _size_at(outputs, stored.record.output.id)
-                found[stored.record.id] = size
-        return found
-
     def save_output(self, job_id: str, data: bytes, content_type: str) -> JobOutput:
         if len(data) > MAX_OUTPUT_BYTES:
             raise ValueError("output too large")
@@ -284,13 +273,6 @@ class JobStore:
                 _fs.remove_entry(outputs, stored.record.output.id)
             _fs.remove_entry(jobs, f"{stored.record.id}.json")
         _fs.fsync_dir(jobs)
-
-
-def _size_at(dir_fd: int, name: str) -> int:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
-    except OSError:
-        return 0
 
 
 def _valid_id(value: str, prefix: str) -> bool:
