@@ -142,8 +142,6 @@ def test_a_killed_engine_ends_the_stream_with_an_error_and_the_next_request_rest
     served: WerkServer,
 ) -> None:
     assert chat(served, "ready?").status_code == 200
-    server = _server_process(served)
-    old = family([server])
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "tell me everything"}],
@@ -151,25 +149,34 @@ def test_a_killed_engine_ends_the_stream_with_an_error_and_the_next_request_rest
         "ignore_eos": True,
         "stream": True,
     }
-    with (
-        served.client(KEY_A, timeout=600) as http,
-        http.stream("POST", "/v1/chat/completions", json=body) as response,
-    ):
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        first = next(line for line in lines if line.startswith("data: "))
-        assert "error" not in json.loads(first[6:])
-        _engine(server).send_signal(signal.SIGKILL)
-        rest = [line for line in lines if line.startswith("data: ")]
-    events = [json.loads(line[6:]) for line in rest if line != "data: [DONE]"]
+    # The tiny model can stream all 1500 tokens before the kill lands (seen once in CI): then
+    # the stream ended normally and proves nothing; recover and try again (at most 3 times).
+    for _ in range(3):
+        server = _server_process(served)
+        old = family([server])
+        with (
+            served.client(KEY_A, timeout=600) as http,
+            http.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert "error" not in json.loads(first[6:])
+            _engine(server).send_signal(signal.SIGKILL)
+            rest = [line for line in lines if line.startswith("data: ")]
+        events = [json.loads(line[6:]) for line in rest if line != "data: [DONE]"]
+        # vLLM's API server exits once its engine is dead; the whole family goes.
+        assert wait_gone(old, timeout=120) == []
+        response = chat(served, "hello again")  # a fresh vLLM process (another minute)
+        assert response.status_code == 200, response.text
+        assert _server_process(served).pid != server.pid
+        finished = any(c.get("finish_reason") for e in events for c in e.get("choices", []))
+        if not finished:
+            break
+    else:
+        pytest.fail("the stream finished before the engine was killed, three times")
     assert events and "error" in events[-1], rest[-3:]  # a terminal error, not a silent end
     assert events[-1]["error"]["code"] in ("backend_error", "unavailable")
-    assert not any(c.get("finish_reason") for e in events[:-1] for c in e.get("choices", []))
-    # vLLM's API server exits once its engine is dead; the whole family goes.
-    assert wait_gone(old, timeout=120) == []
-    response = chat(served, "hello again")  # a fresh vLLM process (another minute)
-    assert response.status_code == 200, response.text
-    assert _server_process(served).pid != server.pid
 
 
 @pytest.mark.slow
