@@ -1,88 +1,224 @@
 """Werk: a host for local AI inference backends with a runtime-state control plane.
 
-Plugins import only the names exported here.
+Plugins import only the names exported here. Each name is imported from its module on first
+use (PEP 562), so ``import werk`` costs almost nothing and a command or plugin pays only for
+what it touches; ``from werk import X`` works as usual.
 """
 
-from ._fs import create_private_file, fsync_dir, fsync_file, replace_private_file, write_all
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from ._version import PROTOCOL_VERSION, __version__
-from .backends import (
-    OPERATION_CAPABILITY,
-    BackendDescriptor,
-    BackendState,
-    CapabilityContext,
-    DecodeCall,
-    DecodeOutcome,
-    ExpertMove,
-    ExpertMoveOutcome,
-    ExpertObservation,
-    ExpertReport,
-    ModelSpec,
-    NativeChatCache,
-    NativeContext,
-    NativeDir,
-    OpenAICall,
-    OpenAIReply,
-    OpenAIRoute,
-    Operation,
-    PrefillCall,
-    PrefillOutcome,
-    Runtime,
-    StateKind,
-    TurnOutcome,
-)
-from .cache.entry import CacheEntry
-from .config import werk_home
-from .demos import DemoModel, DemoRequest
-from .environments import (
-    EnvironmentSpec,
-    EnvironmentState,
-    EnvironmentStatus,
-    InstallStep,
-    ManagedEnvironment,
-    configured_python,
-)
-from .hookspecs import hookimpl, hookspec
-from .models import ModelManifest, ModelRegistry
-from .plugins import ENTRY_POINT_GROUP, WerkPluginManager, get_plugin_manager
-from .protocol import (
-    BackendError,
-    CapabilityId,
-    CapabilityReport,
-    CapabilityStatus,
-    ChatMessage,
-    Conflict,
-    ErrorCode,
-    ExperimentalOptInRequired,
-    ExpertTier,
-    FinishReason,
-    IncompatibleState,
-    InternalError,
-    InvalidHandoff,
-    InvalidRequest,
-    NotFound,
-    PayloadTooLarge,
-    PersistenceDefaults,
-    Policy,
-    ResourceExhausted,
-    Retention,
-    Reuse,
-    ReuseUnavailable,
-    Unauthenticated,
-    Unavailable,
-    Unsupported,
-    WerkError,
-    WerkTimeout,
-)
-from .supervise import (
-    ProcessExited,
-    SupervisedProcess,
-    WorkDir,
-    free_port,
-    listens_on,
-    sweep_stale_workdirs,
-    wait_until_ready,
-)
-from .upstream import RewrittenStream, UpstreamSSE, openai_upstream, renamed
+
+if TYPE_CHECKING:
+    from ._fs import (
+        create_private_file,
+        fsync_dir,
+        fsync_file,
+        replace_private_file,
+        write_all,
+    )
+    from .backends import (
+        OPERATION_CAPABILITY,
+        BackendDescriptor,
+        BackendState,
+        CapabilityContext,
+        DecodeCall,
+        DecodeOutcome,
+        ExpertMove,
+        ExpertMoveOutcome,
+        ExpertObservation,
+        ExpertReport,
+        ModelSpec,
+        NativeChatCache,
+        NativeContext,
+        NativeDir,
+        OpenAICall,
+        OpenAIReply,
+        OpenAIRoute,
+        Operation,
+        PrefillCall,
+        PrefillOutcome,
+        Runtime,
+        StateKind,
+        TurnOutcome,
+    )
+    from .cache.entry import CacheEntry
+    from .config import werk_home
+    from .demos import (
+        DemoModel,
+        DemoRequest,
+    )
+    from .environments import (
+        EnvironmentSpec,
+        EnvironmentState,
+        EnvironmentStatus,
+        InstallStep,
+        ManagedEnvironment,
+        configured_python,
+    )
+    from .hookspecs import (
+        hookimpl,
+        hookspec,
+    )
+    from .loopback import (
+        BrokenResponse,
+        LoopbackClient,
+        LoopbackError,
+        LoopbackResponse,
+        LoopbackTimeout,
+        NotSent,
+        ResponseTooLarge,
+    )
+    from .models import (
+        ModelManifest,
+        ModelRegistry,
+    )
+    from .plugins import (
+        ENTRY_POINT_GROUP,
+        WerkPluginManager,
+        get_plugin_manager,
+    )
+    from .protocol import (
+        BackendError,
+        CapabilityId,
+        CapabilityReport,
+        CapabilityStatus,
+        ChatMessage,
+        Conflict,
+        ErrorCode,
+        ExperimentalOptInRequired,
+        ExpertTier,
+        FinishReason,
+        IncompatibleState,
+        InternalError,
+        InvalidHandoff,
+        InvalidRequest,
+        NotFound,
+        PayloadTooLarge,
+        PersistenceDefaults,
+        Policy,
+        ResourceExhausted,
+        Retention,
+        Reuse,
+        ReuseUnavailable,
+        Unauthenticated,
+        Unavailable,
+        Unsupported,
+        WerkError,
+        WerkTimeout,
+    )
+    from .supervise import (
+        ProcessExited,
+        SupervisedProcess,
+        WorkDir,
+        free_port,
+        listens_on,
+        sweep_stale_workdirs,
+        wait_until_ready,
+    )
+    from .upstream import (
+        RewrittenStream,
+        UpstreamSSE,
+        openai_upstream,
+        renamed,
+    )
+
+_HOME: dict[str, str] = {
+    "create_private_file": "._fs",
+    "fsync_dir": "._fs",
+    "fsync_file": "._fs",
+    "replace_private_file": "._fs",
+    "write_all": "._fs",
+    "OPERATION_CAPABILITY": ".backends",
+    "BackendDescriptor": ".backends",
+    "BackendState": ".backends",
+    "CapabilityContext": ".backends",
+    "DecodeCall": ".backends",
+    "DecodeOutcome": ".backends",
+    "ExpertMove": ".backends",
+    "ExpertMoveOutcome": ".backends",
+    "ExpertObservation": ".backends",
+    "ExpertReport": ".backends",
+    "ModelSpec": ".backends",
+    "NativeChatCache": ".backends",
+    "NativeContext": ".backends",
+    "NativeDir": ".backends",
+    "OpenAICall": ".backends",
+    "OpenAIReply": ".backends",
+    "OpenAIRoute": ".backends",
+    "Operation": ".backends",
+    "PrefillCall": ".backends",
+    "PrefillOutcome": ".backends",
+    "Runtime": ".backends",
+    "StateKind": ".backends",
+    "TurnOutcome": ".backends",
+    "CacheEntry": ".cache.entry",
+    "werk_home": ".config",
+    "DemoModel": ".demos",
+    "DemoRequest": ".demos",
+    "EnvironmentSpec": ".environments",
+    "EnvironmentState": ".environments",
+    "EnvironmentStatus": ".environments",
+    "InstallStep": ".environments",
+    "ManagedEnvironment": ".environments",
+    "configured_python": ".environments",
+    "hookimpl": ".hookspecs",
+    "hookspec": ".hookspecs",
+    "BrokenResponse": ".loopback",
+    "LoopbackClient": ".loopback",
+    "LoopbackError": ".loopback",
+    "LoopbackResponse": ".loopback",
+    "LoopbackTimeout": ".loopback",
+    "NotSent": ".loopback",
+    "ResponseTooLarge": ".loopback",
+    "ModelManifest": ".models",
+    "ModelRegistry": ".models",
+    "ENTRY_POINT_GROUP": ".plugins",
+    "WerkPluginManager": ".plugins",
+    "get_plugin_manager": ".plugins",
+    "BackendError": ".protocol",
+    "CapabilityId": ".protocol",
+    "CapabilityReport": ".protocol",
+    "CapabilityStatus": ".protocol",
+    "ChatMessage": ".protocol",
+    "Conflict": ".protocol",
+    "ErrorCode": ".protocol",
+    "ExperimentalOptInRequired": ".protocol",
+    "ExpertTier": ".protocol",
+    "FinishReason": ".protocol",
+    "IncompatibleState": ".protocol",
+    "InternalError": ".protocol",
+    "InvalidHandoff": ".protocol",
+    "InvalidRequest": ".protocol",
+    "NotFound": ".protocol",
+    "PayloadTooLarge": ".protocol",
+    "PersistenceDefaults": ".protocol",
+    "Policy": ".protocol",
+    "ResourceExhausted": ".protocol",
+    "Retention": ".protocol",
+    "Reuse": ".protocol",
+    "ReuseUnavailable": ".protocol",
+    "Unauthenticated": ".protocol",
+    "Unavailable": ".protocol",
+    "Unsupported": ".protocol",
+    "WerkError": ".protocol",
+    "WerkTimeout": ".protocol",
+    "ProcessExited": ".supervise",
+    "SupervisedProcess": ".supervise",
+    "WorkDir": ".supervise",
+    "free_port": ".supervise",
+    "listens_on": ".supervise",
+    "sweep_stale_workdirs": ".supervise",
+    "wait_until_ready": ".supervise",
+    "RewrittenStream": ".upstream",
+    "UpstreamSSE": ".upstream",
+    "openai_upstream": ".upstream",
+    "renamed": ".upstream",
+}
+"""The module that defines each exported name (relative to this package)."""
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -91,6 +227,7 @@ __all__ = [
     "BackendDescriptor",
     "BackendError",
     "BackendState",
+    "BrokenResponse",
     "CacheEntry",
     "CapabilityContext",
     "CapabilityId",
@@ -118,6 +255,10 @@ __all__ = [
     "InternalError",
     "InvalidHandoff",
     "InvalidRequest",
+    "LoopbackClient",
+    "LoopbackError",
+    "LoopbackResponse",
+    "LoopbackTimeout",
     "ManagedEnvironment",
     "ModelManifest",
     "ModelRegistry",
@@ -126,6 +267,7 @@ __all__ = [
     "NativeContext",
     "NativeDir",
     "NotFound",
+    "NotSent",
     "OpenAICall",
     "OpenAIReply",
     "OpenAIRoute",
@@ -137,6 +279,7 @@ __all__ = [
     "PrefillOutcome",
     "ProcessExited",
     "ResourceExhausted",
+    "ResponseTooLarge",
     "Retention",
     "Reuse",
     "ReuseUnavailable",
@@ -171,3 +314,16 @@ __all__ = [
     "werk_home",
     "write_all",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -175,7 +175,7 @@ async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, Runtime]]:
         log_path=tmp_path / "log",
         port=server.port,
     )
-    http, fresh = _clients(f"http://127.0.0.1:{server.port}", "key")
+    http, relay = _clients(server.port, "key")
     handle = ManagedHandle(
         base_url=f"http://127.0.0.1:{server.port}",
         api_key="key",
@@ -189,7 +189,7 @@ async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, Runtime]]:
         args=(),
         log_path=tmp_path / "log",
         child=child,
-        fresh_http=fresh,
+        v1=relay,
         inspection=Inspection(
             path=Path("/bin/sleep"),
             identity=FileIdentity("/bin/sleep", 0, 0, 0, 0, 0),
@@ -210,7 +210,7 @@ async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, Runtime]]:
         yield server, runtime
     finally:
         await http.aclose()
-        await fresh.aclose()
+        await relay.aclose()
         sleeper.kill()
         sleeper.wait()
         child.poll()

@@ -37,6 +37,7 @@ from werk import (
     BackendError,
     CapabilityId,
     InvalidRequest,
+    LoopbackClient,
     ModelSpec,
     ProcessExited,
     Runtime,
@@ -76,6 +77,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("werk.llamacpp")
+
 
 def generation_root() -> Path:
     return werk_home() / "backends" / "llamacpp"
@@ -252,8 +254,8 @@ class ManagedHandle(LlamaHandle):
     """The :class:`LlamaHandle` of a Werk-managed child, plus what only the process layer uses.
 
     :ivar child: the process.
-    :ivar fresh_http: a client without keep-alive, for the proxy's one retry on a new
-        connection.
+    :ivar v1: the host's pooled loopback client for the ``/v1`` relay (the hot path; the
+        proxy's one retry goes through it on a new connection).
     :ivar inspection: the executable's inspection (``flags``, ``version``, ``sha256``).
     :ivar model_alias: the model name the child expects in ``/v1`` bodies.
     :ivar n_ctx: the context of one slot (``/props``).
@@ -261,7 +263,7 @@ class ManagedHandle(LlamaHandle):
     """
 
     child: Child = field(kw_only=True)
-    fresh_http: httpx.AsyncClient = field(kw_only=True)
+    v1: LoopbackClient = field(kw_only=True)
     inspection: Inspection = field(kw_only=True)
     model_alias: str = field(kw_only=True)
     n_ctx: int = field(kw_only=True)
@@ -269,25 +271,28 @@ class ManagedHandle(LlamaHandle):
     stopped: bool = field(default=False, kw_only=True)
 
 
-def _clients(base_url: str, api_key: str) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+def _clients(port: int, api_key: str) -> tuple[httpx.AsyncClient, LoopbackClient]:
+    """The control client (``/health``, ``/props``, ``/slots``) and the ``/v1`` relay client."""
     # identity: the relay passes bytes through; it never has to undo a compression.
     headers = {"Authorization": f"Bearer {api_key}", "Accept-Encoding": "identity"}
     timeout = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
-    pooled = httpx.AsyncClient(
-        base_url=base_url,
+    control = httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}",
         headers=headers,
         timeout=timeout,
         limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY
     )
-    fresh = httpx.AsyncClient(
-        base_url=base_url,
-        headers=headers,
-        timeout=timeout,
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=0),
-        trust_env=False,
+    relay = LoopbackClient(
+        "127.0.0.1",
+        port,
+        headers={"Authorization": f"Bearer {api_key}"},
+        connect_timeout=10.0,
+        write_timeout=60.0,
+        read_timeout=600.0,
+        max_idle=16,
     )
-    return pooled, fresh
+    return control, relay
 
 
 def _model_file(spec: ModelSpec) -> Path:
@@ -344,7 +349,7 @@ async def _spawn_ready(
     generation: str,
     slot_dir: Path,
     workdir: WorkDir,
-) -> tuple[Child, BuiltArgs, str, httpx.AsyncClient, httpx.AsyncClient]:
+) -> tuple[Child, BuiltArgs, str, httpx.AsyncClient, LoopbackClient]:
     """Spawn and wait for readiness, retrying a lost port race; the child is killed on failure."""
     for attempt in range(1, BIND_ATTEMPTS + 1):
         port, api_key = free_port(), secrets.token_urlsafe(32)
@@ -360,18 +365,17 @@ async def _spawn_ready(
         child = spawn_child(
             inspection.path, built.argv, generation=generation, workdir=workdir, port=port
         )
-        base_url = f"http://127.0.0.1:{port}"
-        http, fresh = _clients(base_url, api_key)
+        http, relay = _clients(port, api_key)
         try:
             await _wait_ready(child, http, options.startup_timeout)
             code = child.poll()
             if code is not None or listens_on(child.pid, port) is False:
                 # It exited, or something else answered on its port.
                 raise ProcessExited(code if code is not None else -1)
-            return child, built, api_key, http, fresh
+            return child, built, api_key, http, relay
         except ProcessExited as exc:
             child.kill_now()
-            await _close(http, fresh)
+            await _close(http, relay)
             if attempt < BIND_ATTEMPTS and is_bind_failure(child.log_tail()):
                 log.warning("llama-server lost the race for port %s; retrying", port)
                 continue
@@ -379,12 +383,12 @@ async def _spawn_ready(
         except BaseException:
             child.kill_now()
             with anyio.CancelScope(shield=True):
-                await _close(http, fresh)
+                await _close(http, relay)
             raise
     raise AssertionError("unreachable")
 
 
-async def _close(*clients: httpx.AsyncClient) -> None:
+async def _close(*clients: httpx.AsyncClient | LoopbackClient) -> None:
     for client in clients:
         with contextlib.suppress(Exception):
             await client.aclose()
@@ -411,7 +415,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     workdir = await anyio.to_thread.run_sync(prepare_generation, generation_root(), generation)
     slot_dir = workdir.path / "slots"
     try:
-        child, built, api_key, http, fresh = await _spawn_ready(
+        child, built, api_key, http, relay = await _spawn_ready(
             spec, inspection, options, generation, slot_dir, workdir
         )
     except BaseException:
@@ -438,7 +442,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             args=built.redacted(),
             log_path=child.log_path,
             child=child,
-            fresh_http=fresh,
+            v1=relay,
             inspection=inspection,
             model_alias=alias or spec.id,
             n_ctx=n_ctx,
@@ -463,7 +467,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     except BaseException:
         child.kill_now()
         with anyio.CancelScope(shield=True):
-            await _close(http, fresh)
+            await _close(http, relay)
         child.remove_dir()
         raise
 
@@ -512,6 +516,6 @@ async def stop_runtime(runtime: Runtime) -> None:
     handle.stopped = True
     with anyio.CancelScope(shield=True):
         code = await handle.child.terminate()
-        await _close(handle.http, handle.fresh_http)
+        await _close(handle.http, handle.v1)
         await anyio.to_thread.run_sync(handle.child.remove_dir)
     log.info("llama-server %s (generation %s) stopped (%s)", handle.pid, handle.generation, code)

@@ -18,13 +18,16 @@ slots and its generation.
 ``data:`` payload is yielded as bare bytes (the host adds ``data:`` and the final ``[DONE]``);
 ``[DONE]`` ends the relay, an ``{"error": …}`` event becomes a Werk error.
 
-**One retry.** This llama-server sometimes closes a kept-alive connection right after a streamed
-response; the next request on it then fails before any response byte. Such a failure is retried
-exactly once, on a new connection that is not pooled: connection refused or reset, a write
-error, or httpx's "Server disconnected without sending a response". httpx raises these only
-before a complete response head was parsed (it cannot tell "no byte" from "half a status line";
-the latter would make llama-server compute twice, but the client still receives one answer).
-A failure after the head (a cut body or stream) is never retried.
+**The hop** goes through the host's :class:`werk.LoopbackClient` (pooled keep-alive
+connections, no general-purpose client on the hot path); the request body is encoded once, and
+a non-streamed reply is decoded once to put Werk's model id into it.
+
+**One retry.** This llama-server closes a kept-alive connection after a number of requests and
+sometimes right after a streamed response; the next request on it then fails before any
+response byte. Such a failure (:class:`werk.NotSent`: connection refused or reset, a write
+error, the connection closed before a status line) is retried exactly once, on a new
+connection. A failure after the first response byte (half a status line, a cut body or stream)
+is never retried.
 
 **Errors.** A child's error body is never forwarded: 400 becomes ``invalid_request`` with
 Werk's own message (a context overflow names the token counts, which are numbers, not backend
@@ -41,14 +44,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import httpx
 import msgspec
 
 from werk import (
     BackendError,
     InvalidRequest,
+    LoopbackError,
+    LoopbackResponse,
+    LoopbackTimeout,
+    NotSent,
     OpenAICall,
     OpenAIReply,
+    ResponseTooLarge,
     Runtime,
     Unavailable,
     Unsupported,
@@ -67,7 +74,6 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 DRAIN_SECONDS = 1.0
-_NO_RESPONSE = "Server disconnected without sending a response."
 
 
 def _handle(runtime: Runtime) -> ManagedHandle:
@@ -161,16 +167,11 @@ def _prepare(handle: ManagedHandle, call: OpenAICall) -> dict[str, Any]:
     return body
 
 
-def _retryable(exc: httpx.TransportError) -> bool:
-    """Failures httpx reports before any response byte arrived (safe to send again)."""
-    if isinstance(exc, httpx.ConnectError | httpx.WriteError | httpx.ReadError):
-        return True
-    return isinstance(exc, httpx.RemoteProtocolError) and str(exc) == _NO_RESPONSE
-
-
 def _transport_failure(runtime: Runtime, exc: Exception) -> WerkError:
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, LoopbackTimeout):
         return WerkTimeout("llama-server did not answer in time")
+    if isinstance(exc, ResponseTooLarge):
+        return BackendError("llama-server's response exceeded Werk's size limit")
     if not check_alive(runtime):
         return Unavailable(
             f"the llama-server process of model {runtime.model.id!r} exited; "
@@ -182,31 +183,17 @@ def _transport_failure(runtime: Runtime, exc: Exception) -> WerkError:
 
 async def _send(
     runtime: Runtime, handle: ManagedHandle, path: str, content: bytes
-) -> httpx.Response:
-    headers = {"Content-Type": "application/json"}
+) -> LoopbackResponse:
     try:
-        request = handle.http.build_request("POST", path, content=content, headers=headers)
-        return await handle.http.send(request, stream=True)
-    except httpx.TransportError as exc:
-        if not _retryable(exc):
-            raise _transport_failure(runtime, exc) from None
+        return await handle.v1.request("POST", path, body=content)
+    except NotSent as exc:
         log.debug("llama-server request failed before a response (%s); retrying once", exc)
-    try:
-        request = handle.fresh_http.build_request("POST", path, content=content, headers=headers)
-        return await handle.fresh_http.send(request, stream=True)
-    except httpx.TransportError as exc:
+    except LoopbackError as exc:
         raise _transport_failure(runtime, exc) from None
-
-
-async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise BackendError("llama-server's response exceeded Werk's size limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await handle.v1.request("POST", path, body=content, fresh=True)
+    except LoopbackError as exc:
+        raise _transport_failure(runtime, exc) from None
 
 
 class _Lease:
@@ -239,21 +226,21 @@ async def openai_reply(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
         lease.release()
         raise
     try:
-        if response.status_code != 200:
-            raw = await _read_bounded(response, MAX_ERROR_BYTES * 16)
+        if response.status != 200:
+            raw = await response.read(MAX_ERROR_BYTES * 16)
             log.warning(
                 "llama-server answered HTTP %s: %s",
-                response.status_code,
+                response.status,
                 raw[:MAX_ERROR_BYTES].decode("utf-8", "replace"),
             )
-            raise map_backend_error(response.status_code, raw)
+            raise map_backend_error(response.status, raw)
         if call.stream:
-            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            if not response.content_type.startswith("text/event-stream"):
                 raise BackendError("llama-server did not stream its reply")
             rename = runtime.model.id if handle.model_alias != runtime.model.id else None
             return OpenAIReply(stream=SSEStream(runtime, response, lease, rename=rename))
-        raw = await _read_bounded(response, MAX_BODY_BYTES)
-    except httpx.TransportError as exc:
+        raw = await response.read(MAX_BODY_BYTES)
+    except LoopbackError as exc:
         lease.release()
         await _aclose(response)
         raise _transport_failure(runtime, exc) from None
@@ -274,7 +261,7 @@ async def openai_reply(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
     return OpenAIReply(body=data)
 
 
-async def _aclose(response: httpx.Response) -> None:
+async def _aclose(response: LoopbackResponse) -> None:
     try:
         await response.aclose()
     except Exception:
@@ -292,7 +279,7 @@ class SSEStream:
     def __init__(
         self,
         runtime: Runtime,
-        response: httpx.Response,
+        response: LoopbackResponse,
         lease: _Lease,
         *,
         rename: str | None = None,
@@ -301,7 +288,7 @@ class SSEStream:
         self._response = response
         self._lease = lease
         self._rename = rename
-        self._chunks: AsyncIterator[bytes] = response.aiter_bytes()
+        self._chunks: AsyncIterator[bytes] = aiter(response)
         self._buffer = b""
         self._data: list[bytes] = []
         self._ready: collections.deque[bytes] = collections.deque()
@@ -331,7 +318,7 @@ class SSEStream:
                 self._line(self._buffer)
                 self._line(b"")
             return
-        except httpx.TransportError as exc:
+        except LoopbackError as exc:
             raise _transport_failure(self._runtime, exc) from None
         self._buffer += chunk
         if len(self._buffer) > MAX_EVENT_BYTES:
@@ -382,7 +369,7 @@ class SSEStream:
                     drained += len(chunk)
                     if drained > MAX_ERROR_BYTES:
                         return
-        except (TimeoutError, httpx.HTTPError):
+        except (TimeoutError, LoopbackError):
             return
 
 

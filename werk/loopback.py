@@ -1,0 +1,379 @@
+"""A small HTTP/1.1 client for a backend child on loopback, built for the ``/v1`` hot path.
+
+Every ``/v1`` request Werk relays crosses one loopback hop to the child. A general-purpose client
+(httpx with httpcore and h11) spends about 1.4 ms per request on that hop on a 2-core machine
+(``benchmarks/llamacpp_proxy_overhead.py``); this client does the one thing the hop needs —
+send a complete request, read a ``Content-Length``, chunked or close-delimited response — in a
+few dozen microseconds, over pooled keep-alive connections.
+
+What it guarantees:
+
+* **Plain loopback HTTP/1.1 only**: no TLS, no proxies (environment variables are never read),
+  no redirects, no compression (``Accept-Encoding: identity`` is always sent).
+* **Typed failures that say whether a retry is safe.** :class:`NotSent` means no response byte
+  arrived on this connection (connect refused or reset, a write error, the connection closed
+  before a status line): sending again cannot make the server answer twice to the client, so a
+  caller may retry once. :class:`BrokenResponse` means the failure came after the first response
+  byte (half a status line, a cut body): never retry. :class:`LoopbackTimeout` covers connect,
+  write and the gap between two reads.
+* **Bounded**: the response head is at most 64 KiB; :meth:`LoopbackResponse.read` takes a limit.
+* **A connection is reused only when its exchange ended cleanly**: the body was read to its
+  end, neither side asked for ``Connection: close``, and nothing was cancelled mid-way. Anything
+  else closes the socket (for a streamed generation, closing is what makes the child cancel it).
+
+It is an asyncio/anyio client, one per child: :meth:`LoopbackClient.aclose` closes every idle
+connection; responses still open close their own when they end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+
+import anyio
+import anyio.abc
+
+__all__ = [
+    "BrokenResponse",
+    "LoopbackClient",
+    "LoopbackError",
+    "LoopbackResponse",
+    "LoopbackTimeout",
+    "NotSent",
+    "ResponseTooLarge",
+]
+
+MAX_HEAD_BYTES = 64 * 1024
+READ_SIZE = 256 * 1024
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+
+class LoopbackError(Exception):
+    """A loopback exchange failed; the subclass says how far it got."""
+
+
+class NotSent(LoopbackError):
+    """No response byte arrived: the request may be sent again (once) on a new connection."""
+
+
+class BrokenResponse(LoopbackError):
+    """The exchange failed after the response began (never retry: the child may have acted)."""
+
+
+class LoopbackTimeout(LoopbackError):
+    """Connecting, writing, or waiting for the next response bytes took too long."""
+
+
+class ResponseTooLarge(LoopbackError):
+    """The response body exceeded the caller's limit."""
+
+
+class _Connection:
+    """One socket and the bytes already read from it but not yet consumed."""
+
+    __slots__ = ("buffer", "stream")
+
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def receive(self, timeout: float) -> bytes:
+        """The next bytes, or ``b""`` at end of stream."""
+        try:
+            with anyio.fail_after(timeout):
+                return await self.stream.receive(READ_SIZE)
+        except TimeoutError:
+            raise LoopbackTimeout("no response bytes in time") from None
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            return b""  # reset or closed: the caller decides what an early end means
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):  # a dead socket may fail to close; it is gone
+            await self.stream.aclose()
+
+
+class LoopbackResponse:
+    """One response: status and headers are read; the body is read on demand.
+
+    Iterate it for the body's bytes as they arrive (chunked framing removed), or :meth:`read`
+    the whole body up to a limit. Always :meth:`aclose` it (``async with`` does): a fully read
+    body returns the connection to the pool, anything else closes the socket.
+    """
+
+    def __init__(
+        self,
+        client: LoopbackClient,
+        connection: _Connection,
+        status: int,
+        headers: dict[str, str],
+        *,
+        keep_alive: bool,
+        no_body: bool,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self._client = client
+        self._connection: _Connection | None = connection
+        self._keep_alive = keep_alive
+        self._complete = no_body
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        self._remaining: int | None = None
+        if not no_body and not self._chunked and length is not None:
+            try:
+                self._remaining = int(length)
+            except ValueError:
+                raise BrokenResponse("the response has an invalid Content-Length") from None
+            if self._remaining < 0:
+                raise BrokenResponse("the response has an invalid Content-Length")
+        elif not no_body and not self._chunked:
+            self._keep_alive = False  # delimited by the connection's end
+        if self._remaining == 0:
+            self._complete = True
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "")
+
+    async def __aenter__(self) -> LoopbackResponse:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._body()
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body (at most ``limit`` bytes, else :class:`ResponseTooLarge`)."""
+        parts: list[bytes] = []
+        size = 0
+        async for part in self._body():
+            size += len(part)
+            if size > limit:
+                raise ResponseTooLarge(f"the response body exceeds {limit} bytes")
+            parts.append(part)
+        return b"".join(parts)
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        connection = self._connection
+        if connection is None or self._complete:
+            return
+        if self._chunked:
+            async for part in self._chunks(connection):
+                yield part
+        elif self._remaining is not None:
+            while self._remaining > 0:
+                if not connection.buffer:
+                    data = await connection.receive(self._client.read_timeout)
+                    if not data:
+                        raise BrokenResponse("the connection closed before the body's end")
+                    connection.buffer = data
+                part = connection.buffer[: self._remaining]
+                connection.buffer = connection.buffer[len(part) :]
+                self._remaining -= len(part)
+                yield part
+        else:
+            if connection.buffer:
+                part, connection.buffer = connection.buffer, b""
+                yield part
+            while data := await connection.receive(self._client.read_timeout):
+                yield data
+        self._complete = True
+
+    async def _chunks(self, connection: _Connection) -> AsyncIterator[bytes]:
+        timeout = self._client.read_timeout
+        while True:
+            line = await _read_line(connection, timeout)
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise BrokenResponse("the response has an invalid chunk size") from None
+            if size < 0:
+                raise BrokenResponse("the response has an invalid chunk size")
+            if size == 0:
+                while await _read_line(connection, timeout):
+                    pass  # trailer fields, up to the empty line
+                return
+            remaining = size
+            while remaining > 0:
+                if not connection.buffer:
+                    data = await connection.receive(timeout)
+                    if not data:
+                        raise BrokenResponse("the connection closed inside a chunk")
+                    connection.buffer = data
+                part = connection.buffer[:remaining]
+                connection.buffer = connection.buffer[len(part) :]
+                remaining -= len(part)
+                yield part
+            if await _read_line(connection, timeout):
+                raise BrokenResponse("a chunk is not followed by CRLF")
+
+    async def aclose(self) -> None:
+        """Return the connection to the pool after a complete exchange, else close it."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if self._complete and self._keep_alive and not connection.buffer:
+            await self._client._release(connection)
+        else:
+            await connection.close()
+
+
+async def _read_line(connection: _Connection, timeout: float) -> bytes:
+    """One CRLF-terminated line of chunked framing (without the CRLF)."""
+    while True:
+        end = connection.buffer.find(b"\r\n")
+        if end >= 0:
+            line = connection.buffer[:end]
+            connection.buffer = connection.buffer[end + 2 :]
+            return line
+        if len(connection.buffer) > MAX_HEAD_BYTES:
+            raise BrokenResponse("a chunk header is too long")
+        data = await connection.receive(timeout)
+        if not data:
+            raise BrokenResponse("the connection closed inside the chunked body")
+        connection.buffer += data
+
+
+class LoopbackClient:
+    """Pooled keep-alive HTTP/1.1 connections to one ``host:port`` on loopback.
+
+    :param host: the child's address (``127.0.0.1``).
+    :param port: its port.
+    :param headers: sent with every request (e.g. the child's ``Authorization``).
+    :param connect_timeout: seconds for a TCP connect.
+    :param write_timeout: seconds for sending one request.
+    :param read_timeout: the longest wait for the next response bytes (a slow generation is
+        fine as long as bytes keep coming).
+    :param max_idle: idle connections kept for reuse (more are closed).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout: float = 10.0,
+        write_timeout: float = 60.0,
+        read_timeout: float = 600.0,
+        max_idle: int = 16,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout = connect_timeout
+        self.write_timeout = write_timeout
+        self.read_timeout = read_timeout
+        self.max_idle = max_idle
+        fixed = {"Host": f"{host}:{port}", "Accept-Encoding": "identity", **(headers or {})}
+        self._fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed.items()).encode()
+        self._idle: list[_Connection] = []
+        self._closed = False
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        content_type: str = "application/json",
+        fresh: bool = False,
+    ) -> LoopbackResponse:
+        """Send one request and read the response head.
+
+        :param fresh: use a new connection even if an idle one is pooled (the one retry after
+            :class:`NotSent`).
+        :raises NotSent: no response byte arrived (safe to send once more, ``fresh=True``).
+        :raises BrokenResponse: the response began but is malformed or cut.
+        :raises LoopbackTimeout: connect, write or read took too long.
+        """
+        if self._closed:
+            raise NotSent("the loopback client is closed")
+        connection = None if fresh or not self._idle else self._idle.pop()
+        if connection is None:
+            connection = await self._connect()
+        head = (
+            f"{method} {path} HTTP/1.1\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+        ).encode()
+        try:
+            try:
+                with anyio.fail_after(self.write_timeout):
+                    await connection.stream.send(head + self._fixed + b"\r\n" + body)
+            except TimeoutError:
+                raise LoopbackTimeout("sending the request took too long") from None
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                raise NotSent(f"the request could not be sent: {exc}") from None
+            return await self._response(connection, no_body=method == "HEAD")
+        except BaseException:
+            await connection.close()
+            raise
+
+    async def _connect(self) -> _Connection:
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                stream = await anyio.connect_tcp(self.host, self.port)
+        except TimeoutError:
+            raise LoopbackTimeout(f"connecting to {self.host}:{self.port} took too long") from None
+        except OSError as exc:
+            raise NotSent(f"could not connect to {self.host}:{self.port}: {exc}") from None
+        return _Connection(stream)
+
+    async def _response(self, connection: _Connection, *, no_body: bool) -> LoopbackResponse:
+        buffer = connection.buffer
+        while True:
+            end = buffer.find(b"\r\n\r\n")
+            if end >= 0:
+                break
+            if len(buffer) > MAX_HEAD_BYTES:
+                raise BrokenResponse("the response head is too long")
+            data = await connection.receive(self.read_timeout)
+            if not data:
+                if buffer:
+                    raise BrokenResponse("the connection closed inside the response head")
+                raise NotSent("the connection closed before any response byte")
+            buffer += data
+        connection.buffer = buffer[end + 4 :]
+        lines = buffer[:end].decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise BrokenResponse("the response has an invalid status line")
+        status = int(parts[1])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise BrokenResponse("the response has an invalid header line")
+            headers[name.strip().lower()] = value.strip()
+        if 100 <= status < 200:  # an interim response (100 Continue): the real one follows
+            return await self._response(connection, no_body=no_body)
+        connection_header = headers.get("connection", "").lower()
+        keep_alive = "close" not in connection_header and (
+            parts[0] != "HTTP/1.0" or "keep-alive" in connection_header
+        )
+        return LoopbackResponse(
+            self,
+            connection,
+            status,
+            headers,
+            keep_alive=keep_alive,
+            no_body=no_body or status in _NO_BODY_STATUSES,
+        )
+
+    async def _release(self, connection: _Connection) -> None:
+        if self._closed or len(self._idle) >= self.max_idle:
+            await connection.close()
+        else:
+            self._idle.append(connection)
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    async def aclose(self) -> None:
+        """Close every idle connection; the client refuses new requests afterwards."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.close()
