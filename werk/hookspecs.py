@@ -29,30 +29,31 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-from .backends import (
-    BackendDescriptor,
-    BackendState,
-    CapabilityContext,
-    DecodeCall,
-    DecodeOutcome,
-    ExpertMove,
-    ExpertMoveOutcome,
-    ExpertReport,
-    NativeChatCache,
-    NativeContext,
-    OpenAICall,
-    OpenAIReply,
-    PrefillCall,
-    PrefillOutcome,
-    Runtime,
-)
-from .cache.entry import CacheEntry
-from .demos import DemoModel
-from .environments import EnvironmentSpec
 from .protocol.capabilities import CapabilityReport
 
 if TYPE_CHECKING:
     import typer
+
+    from .backends import (
+        BackendDescriptor,
+        BackendState,
+        CapabilityContext,
+        DecodeCall,
+        DecodeOutcome,
+        ExpertMove,
+        ExpertMoveOutcome,
+        ExpertReport,
+        NativeChatCache,
+        NativeContext,
+        OpenAICall,
+        OpenAIReply,
+        PrefillCall,
+        PrefillOutcome,
+        Runtime,
+    )
+    from .cache.entry import CacheEntry
+    from .demos import DemoModel
+    from .environments import EnvironmentSpec
 
 PROJECT_NAME = "werk"
 

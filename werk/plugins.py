@@ -22,7 +22,6 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeVar
 
-import anyio
 import pluggy
 
 from . import hookspecs
@@ -329,6 +328,8 @@ class WerkPluginManager(pluggy.PluginManager):
         so at once), so a plugin that hangs costs one thread, not one per request. Calls that
         answer in time may run concurrently, as before.
         """
+        import anyio  # imported when used: every `werk` command loads this module
+
         record = self.owner_of(context.backend)
         key = (context.backend, context.model.id if context.model else None)
         with self._discovery_lock:

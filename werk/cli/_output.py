@@ -9,8 +9,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ..protocol import WerkError, encode
 
@@ -27,6 +25,9 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
 
     The width is the terminal's, or ``COLUMNS`` when set; a pipe without ``COLUMNS`` gets
     unwrapped lines (up to 400 columns) for tools like ``grep``. Cells past the width wrap."""
+    from rich.console import Console  # imported when used: every `werk` command loads this module
+    from rich.table import Table
+
     tty = sys.stdout.isatty()
     sized = tty or os.environ.get("COLUMNS", "").isdigit()
     console = Console(no_color=not tty, width=None if sized else 400, soft_wrap=False)

@@ -7,15 +7,17 @@ Plugins describe them (``werk_backend_environments``); the host installs them un
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
-from ..config import werk_home
-from ..environments import EnvironmentSpec, EnvironmentState, InstallStep, ManagedEnvironment
-from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import InvalidRequest
 from ._app import app
 from ._output import emit_json, print_table, reporting_errors
+
+if TYPE_CHECKING:
+    from ..environments import EnvironmentSpec, InstallStep
+    from ..plugins import WerkPluginManager
 
 backends_app = typer.Typer(
     help="Managed Python environments for backends that need their own (vLLM, media workers): "
@@ -30,6 +32,8 @@ def environment_specs(pm: WerkPluginManager) -> dict[str, tuple[str, Environment
 
     :raises werk.InvalidRequest: two plugins describe the same environment name.
     """
+    from ..environments import EnvironmentSpec
+
     return pm.offers(
         "werk_backend_environments", EnvironmentSpec, lambda spec: spec.name, "environment"
     )
@@ -40,6 +44,10 @@ def list_environments(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List the environments the installed plugins describe, and whether each is installed."""
+    from ..config import werk_home
+    from ..environments import ManagedEnvironment
+    from ..plugins import get_plugin_manager
+
     with reporting_errors(as_json):
         specs = environment_specs(get_plugin_manager())
         home = werk_home()
@@ -118,6 +126,10 @@ def install(
     install, removals, an import check, then an atomic switch. Steps are shown as they run;
     pip's full output goes to WERK_HOME/backends/NAME/install.log. A failure leaves the previous
     environment in place."""
+    from ..config import werk_home
+    from ..environments import EnvironmentState, ManagedEnvironment
+    from ..plugins import get_plugin_manager
+
     printer = _StepPrinter()
     with reporting_errors(as_json):
         specs = environment_specs(get_plugin_manager())

@@ -15,17 +15,16 @@ removed), 2 a usage error.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..cache.inventory import CacheItem, CacheKind, Filters, collect, select
-from ..cache.purge import PurgePlan, Skipped, plan_all, plan_one
-from ..cache.purge import execute as run_purge
-from ..config import werk_home
-from ..plugins import get_plugin_manager
 from ._app import app
 from ._output import emit_json, print_table, reporting_errors
+
+if TYPE_CHECKING:
+    from ..cache.inventory import CacheItem, CacheKind, Filters
+    from ..cache.purge import PurgePlan, Skipped
 
 __all__ = ["cache_app"]
 
@@ -59,6 +58,7 @@ def _kind_option() -> Any:
 
 
 def _filters(kind: str | None, model: str | None, older_than: str | None) -> Filters:
+    from ..cache.inventory import CacheKind, Filters
     from .runtime.states import parse_duration
 
     chosen: CacheKind | None = None
@@ -74,6 +74,10 @@ def _filters(kind: str | None, model: str | None, older_than: str | None) -> Fil
 
 
 def _inventory(filters: Filters) -> list[CacheItem]:
+    from ..cache.inventory import CacheKind, collect, select
+    from ..config import werk_home
+    from ..plugins import get_plugin_manager
+
     kinds = frozenset({filters.kind}) if filters.kind is not None else frozenset(CacheKind)
     items = collect(
         werk_home(),
@@ -189,6 +193,11 @@ def purge(
     Disk states are pruned through the state catalog (locking and fsync rules hold); plugin
     caches are deleted by the plugin that owns them.
     """
+    from ..cache.purge import execute as run_purge
+    from ..cache.purge import plan_all, plan_one
+    from ..config import werk_home
+    from ..plugins import get_plugin_manager
+
     if (cache_id is None) == (not purge_all):
         raise typer.BadParameter("give exactly one of CACHE-ID or --all")
     narrowed = kind is not None or model is not None or older_than is not None

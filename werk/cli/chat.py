@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..config import werk_home
 from ..protocol import InvalidRequest, WerkError
 from ._app import app
 from ._output import emit_json
@@ -183,6 +182,7 @@ def _conversation_and_engine(
     from ..chat.remote import RemoteEngine, check_server_url
     from ..chat.render import Diagnostics
     from ..chat.session import Conversation
+    from ..config import werk_home
 
     diagnostics = Diagnostics(verbose)
     diagnostics.route_logs()

@@ -12,10 +12,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
-import msgspec
 import typer
 
-from ..config import werk_home
 from ..protocol import JobRecord, NotFound
 from ._app import app
 from ._output import emit_json, print_table, reporting_errors
@@ -37,6 +35,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 
 
 def _store() -> JobStore:
+    from ..config import werk_home
     from ..state.jobs import JobStore  # imported when used: every `werk` command loads this module
 
     return JobStore(werk_home(), clock=time.time)
@@ -91,5 +90,7 @@ def show_job(
 
 
 def _fields(record: JobRecord) -> dict[str, Any]:
+    import msgspec
+
     fields: dict[str, Any] = msgspec.to_builtins(record)
     return fields

@@ -5,10 +5,6 @@ from __future__ import annotations
 import typer
 
 from .._version import PROTOCOL_VERSION
-from ..capabilities import compose_capabilities
-from ..config import werk_home
-from ..models import ModelRegistry
-from ..plugins import get_plugin_manager
 from ..protocol import CapabilitiesResponse
 from ._app import app
 from ._output import emit_json, print_table, reporting_errors
@@ -30,6 +26,8 @@ def plugins(
     loading with WERK_LOAD_PLUGINS=name1,name2 (empty: none); trace hook calls with
     WERK_TRACE_PLUGINS=1.
     """
+    from ..plugins import get_plugin_manager
+
     pm = get_plugin_manager()
     rows = pm.plugin_rows()
     if verbose:
@@ -73,6 +71,11 @@ def capabilities(
     Statuses are exactly: supported, unsupported, unavailable, experimental,
     externally_managed, metadata_only. Anything but `supported` carries a reason.
     """
+    from ..capabilities import compose_capabilities
+    from ..config import werk_home
+    from ..models import ModelRegistry
+    from ..plugins import get_plugin_manager
+
     with reporting_errors(as_json):
         pm = get_plugin_manager()
         imported = [m.spec() for m in ModelRegistry(werk_home()).manifests()]

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from ..config import werk_home
-from ..demos import DemoModel, DemoRequest
-from ..models import ModelRegistry
-from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import InvalidRequest
 from ._app import app
 from ._output import emit_json, print_table, reporting_errors
+
+if TYPE_CHECKING:
+    from ..demos import DemoModel
+    from ..plugins import WerkPluginManager
 
 models_app = typer.Typer(
     help="Import, list and remove models. A model is a manifest of files with SHA-256 digests; "
@@ -46,6 +47,8 @@ def _formats_of(paths: list[Path]) -> set[str]:
 
 
 def _backend_for(paths: list[Path], backend: str | None) -> str:
+    from ..plugins import get_plugin_manager
+
     pm = get_plugin_manager()
     if backend is not None:
         if backend not in pm.backends:
@@ -97,6 +100,9 @@ def _expand(paths: list[Path]) -> list[Path]:
 @models_app.command("list")
 def list_models(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """List imported models."""
+    from ..config import werk_home
+    from ..models import ModelRegistry
+
     manifests = ModelRegistry(werk_home()).manifests()
     if as_json:
         emit_json({"models": manifests})
@@ -138,6 +144,10 @@ def import_model(
     separately operated endpoint takes no files: `werk models import --backend vllm-remote
     --id remote` (the endpoint comes from that backend's environment variables).
     """
+    from ..config import werk_home
+    from ..models import ModelRegistry
+    from ..plugins import get_plugin_manager
+
     paths = paths or []
     with reporting_errors(as_json):
         chosen = _backend_for(paths, backend)
@@ -162,6 +172,9 @@ def remove_model(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Remove a model's manifest (never its files). Previews unless --execute."""
+    from ..config import werk_home
+    from ..models import ModelRegistry
+
     with reporting_errors(as_json):
         registry = ModelRegistry(werk_home())
         manifest = registry.remove(model_id) if execute else registry.get(model_id)
@@ -178,6 +191,8 @@ def demo_models(pm: WerkPluginManager) -> dict[str, tuple[str, DemoModel]]:
 
     :raises werk.InvalidRequest: two plugins offer the same kind.
     """
+    from ..demos import DemoModel
+
     return pm.offers("werk_demo_models", DemoModel, lambda demo: demo.kind, "demo kind")
 
 
@@ -202,6 +217,11 @@ def create_demo(
     """Generate a small random-weight model locally and import it (no download). Kinds come
     from the installed plugins: `gguf` (llama.cpp) with werk-llamacpp. Idempotent: the same seed
     gives the same files, hence the same identity."""
+    from ..config import werk_home
+    from ..demos import DemoRequest
+    from ..models import ModelRegistry
+    from ..plugins import get_plugin_manager
+
     with reporting_errors(as_json):
         demos = demo_models(get_plugin_manager())
         if kind not in demos:

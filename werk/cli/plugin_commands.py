@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from ..plugins import WerkPluginManager, get_plugin_manager
 from ._app import app
 from .models import models_app
+
+if TYPE_CHECKING:
+    from ..plugins import WerkPluginManager
 
 __all__ = ["register_plugin_commands"]
 
@@ -23,6 +27,8 @@ def register_plugin_commands(
     :param pm: the plugin manager (default: a new one loading the entry points).
     :param root: the ``werk`` application; ``models``: its ``werk models`` group.
     """
+    from ..plugins import get_plugin_manager
+
     pm = pm if pm is not None else get_plugin_manager()
     for name, plugin in pm.implementers("werk_register_commands"):
         try:

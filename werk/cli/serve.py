@@ -8,9 +8,6 @@ from pathlib import Path
 
 import typer
 
-from ..config import werk_home
-from ..models import ModelRegistry
-from ..plugins import get_plugin_manager
 from ..protocol import (
     TTL_MAX_SECONDS,
     TTL_MIN_SECONDS,
@@ -139,11 +136,14 @@ def serve(
     (one shared `local` principal: not an isolation boundary) and refuses requests whose Host
     header is not a loopback name. Stop it with Ctrl+C or SIGTERM; owned backends are stopped.
     """
+    from ..config import werk_home
     from ..control.service import LocalControlService, ServiceConfig
     from ..http.app import build_app
     from ..http.auth import Authenticator
     from ..http.guard import is_loopback_host
     from ..http.server import configure_logging, make_server
+    from ..models import ModelRegistry
+    from ..plugins import get_plugin_manager
     from ..state.principals import NamespaceKey, principal_for_api_key
 
     defaults = persistence_defaults(

@@ -22,6 +22,7 @@ Capability rows are the seed's llama.cpp columns, computed from what is true now
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from werk import (
     BackendDescriptor,
@@ -34,6 +35,7 @@ from werk import (
     DecodeOutcome,
     DemoModel,
     InvalidRequest,
+    ModelSpec,
     NativeChatCache,
     NativeContext,
     OpenAICall,
@@ -45,14 +47,9 @@ from werk import (
     hookimpl,
 )
 
-from . import chat_snapshots, states
-from .args import check_native_args, parse_options
-from .demo_model import DEMO
-from .executable import locate_llama_server
-from .handle import LlamaHandle, ProbeStatus
-from .inspect import inspect_executable_sync
-from .process import check_alive, start_runtime, stop_runtime
-from .proxy import openai_reply
+if TYPE_CHECKING:
+    from .handle import LlamaHandle
+
 
 BACKEND = "llamacpp"
 
@@ -67,6 +64,20 @@ _PROBE_GATED = (
 )
 
 
+async def _start_runtime(spec: ModelSpec) -> Runtime:
+    """``BackendDescriptor.start``; the process layer is imported on first use, not when every
+    `werk` command loads the plugin."""
+    from .process import start_runtime
+
+    return await start_runtime(spec)
+
+
+async def _stop_runtime(runtime: Runtime) -> None:
+    from .process import stop_runtime
+
+    await stop_runtime(runtime)
+
+
 @hookimpl
 def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
     register(
@@ -74,8 +85,8 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=BACKEND,
             formats=("gguf",),
             description="llama.cpp llama-server, one managed child process per model",
-            start=start_runtime,
-            stop=stop_runtime,
+            start=_start_runtime,
+            stop=_stop_runtime,
         )
     )
 
@@ -83,6 +94,8 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
 @hookimpl
 def werk_demo_models() -> list[DemoModel]:
     """``werk models create-demo --kind gguf`` (the default kind)."""
+    from .demo_model import DEMO
+
     return [DEMO]
 
 
@@ -90,6 +103,9 @@ def werk_demo_models() -> list[DemoModel]:
 
 
 def _live(context: CapabilityContext) -> Runtime | None:
+    from .handle import LlamaHandle
+    from .process import check_alive
+
     runtime = context.runtime
     if runtime is None or not isinstance(runtime.handle, LlamaHandle):
         return None
@@ -97,6 +113,10 @@ def _live(context: CapabilityContext) -> Runtime | None:
 
 
 def _residency(context: CapabilityContext) -> CapabilityReport:
+    from .args import check_native_args, parse_options
+    from .executable import locate_llama_server
+    from .inspect import inspect_executable_sync
+
     def row(status: CapabilityStatus, reason: str) -> CapabilityReport:
         return CapabilityReport(id=CapabilityId.MODEL_RESIDENCY, status=status, reason=reason)
 
@@ -132,6 +152,8 @@ def _residency(context: CapabilityContext) -> CapabilityReport:
 
 
 def _state_status(context: CapabilityContext) -> tuple[CapabilityStatus, str]:
+    from .handle import ProbeStatus
+
     if context.model is None:
         return CapabilityStatus.UNAVAILABLE, "named states need a configured GGUF model"
     runtime = context.runtime
@@ -187,6 +209,8 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
 
 def _require_alive(runtime: Runtime) -> None:
     """Refuse an operation on a child that exited (the host then starts a new one)."""
+    from .process import check_alive
+
     if not check_alive(runtime):
         raise Unavailable(
             f"the llama-server process of model {runtime.model.id!r} exited; "
@@ -197,30 +221,40 @@ def _require_alive(runtime: Runtime) -> None:
 
 @hookimpl
 async def werk_prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
+    from . import states
+
     _require_alive(runtime)
     return await states.prefill(runtime, call)
 
 
 @hookimpl
 async def werk_decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
+    from . import states
+
     _require_alive(runtime)
     return await states.decode(runtime, call)
 
 
 @hookimpl
 async def werk_snapshot(runtime: Runtime, state: BackendState) -> BackendState:
+    from . import states
+
     _require_alive(runtime)
     return await states.snapshot(runtime, state)
 
 
 @hookimpl
 async def werk_restore(runtime: Runtime, payload: BackendState) -> BackendState:
+    from . import states
+
     _require_alive(runtime)
     return await states.restore(runtime, payload)
 
 
 @hookimpl
 async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
+    from .proxy import openai_reply
+
     return await openai_reply(runtime, call)
 
 
@@ -228,4 +262,6 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
 async def werk_chat_native_cache(
     runtime: Runtime, context: NativeContext
 ) -> NativeChatCache | None:
+    from . import chat_snapshots
+
     return await chat_snapshots.open_chat_cache(runtime, context)

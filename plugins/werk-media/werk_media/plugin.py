@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from werk import (
     BackendDescriptor,
@@ -44,15 +45,10 @@ from werk import (
     hookimpl,
 )
 
-from .demos import DEMOS
-from .environment import (
-    MediaPython,
-    environment_spec,
-    locate,
-    locate_qwen,
-    qwen_environment_spec,
-)
-from .worker import MediaWorker
+from .environment import MediaPython, locate, locate_qwen
+
+if TYPE_CHECKING:
+    from .worker import MediaWorker
 
 BACKEND = "media"
 QWEN_BACKEND = "qwen-tts"
@@ -92,6 +88,8 @@ def _pipeline_dir(spec: ModelSpec) -> Path:
 
 
 async def _worker(kind: str) -> MediaWorker:
+    from .worker import MediaWorker
+
     worker = _Shared.workers.get(kind)
     if worker is not None and worker.alive():
         return worker
@@ -188,12 +186,16 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
 def werk_backend_environments() -> list[EnvironmentSpec]:
     """``werk backends install media``: torch (CPU build here), Diffusers, Transformers;
     ``werk backends install qwen-tts``: qwen-tts 0.1.1 and Transformers 4.57.3."""
+    from .environment import environment_spec, qwen_environment_spec
+
     return [environment_spec(), qwen_environment_spec()]
 
 
 @hookimpl
 def werk_demo_models() -> list[DemoModel]:
     """``werk models create-demo --kind image|tts|asr|classify|qwen-tts``: tiny models."""
+    from .demos import DEMOS
+
     return list(DEMOS)
 
 

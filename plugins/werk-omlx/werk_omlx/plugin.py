@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import anyio
+from typing import TYPE_CHECKING, Any
 
 from werk import (
     BackendDescriptor,
@@ -36,25 +34,35 @@ from werk import (
     ExpertObservation,
     ExpertReport,
     ExpertTier,
+    ModelSpec,
     OpenAICall,
     OpenAIReply,
-    RewrittenStream,
     Runtime,
     WerkError,
     hookimpl,
-    openai_upstream,
-    renamed,
 )
 
-from . import cache
-from .experts import BUDGET_ENV
-from .installation import locate
-from .reuse import ReuseCounter, normalize_usage
-from .worker import LIVE, OmlxHandle, start_runtime, stop_runtime
+if TYPE_CHECKING:
+    from .reuse import ReuseCounter
+
 
 BACKEND = "omlx"
 PLUGIN = "werk-omlx"
 ROUTES = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+async def _start_runtime(spec: ModelSpec) -> Runtime:
+    """``BackendDescriptor.start``; the process layer is imported on first use, not when every
+    `werk` command loads the plugin."""
+    from .worker import start_runtime
+
+    return await start_runtime(spec)
+
+
+async def _stop_runtime(runtime: Runtime) -> None:
+    from .worker import stop_runtime
+
+    await stop_runtime(runtime)
 
 
 @hookimpl
@@ -64,13 +72,15 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=BACKEND,
             formats=("mlx",),
             description="an installed oMLX CLI started on demand",
-            start=start_runtime,
-            stop=stop_runtime,
+            start=_start_runtime,
+            stop=_stop_runtime,
         )
     )
 
 
 def _no_omlx() -> str | None:
+    from .installation import locate
+
     try:
         locate()
     except WerkError as exc:
@@ -79,6 +89,8 @@ def _no_omlx() -> str | None:
 
 
 def _residency(context: CapabilityContext, missing: str | None) -> CapabilityReport:
+    from .worker import LIVE, OmlxHandle
+
     handle = context.runtime.handle if context.runtime is not None else None
     handles = [handle] if isinstance(handle, OmlxHandle) else list(LIVE)
     if context.model is not None and not isinstance(handle, OmlxHandle):
@@ -114,6 +126,8 @@ def _experts(context: CapabilityContext, missing: str | None) -> CapabilityRepor
     """``experimental`` only with the adapter active (self-check passed) for a running worker
     of the model; ``unavailable`` without oMLX, after a failed self-check or with no worker;
     ``unsupported`` for a checkpoint the adapter does not handle or without a budget."""
+    from .experts import BUDGET_ENV
+    from .worker import OmlxHandle
 
     def row(
         status: CapabilityStatus, reason: str, operations: list[str] | None = None
@@ -164,6 +178,10 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
 async def werk_observe_experts(runtime: Runtime) -> ExpertReport | None:
     """Every expert with its tier (``ram`` cached, ``external`` on disk) and exact size; the
     worker's routing is not visible, so no accesses are reported."""
+    import anyio
+
+    from .worker import OmlxHandle
+
     handle = runtime.handle
     if not isinstance(handle, OmlxHandle) or handle.experts is None:
         return None
@@ -177,6 +195,10 @@ async def werk_observe_experts(runtime: Runtime) -> ExpertReport | None:
 async def werk_move_experts(runtime: Runtime, move: ExpertMove) -> ExpertMoveOutcome | None:
     """Load experts into the cache (``ram``) or drop them (``external``); only real changes
     are reported moved."""
+    import anyio
+
+    from .worker import OmlxHandle
+
     handle = runtime.handle
     if not isinstance(handle, OmlxHandle) or handle.experts is None:
         return None
@@ -189,6 +211,7 @@ async def werk_move_experts(runtime: Runtime, move: ExpertMove) -> ExpertMoveOut
 
 def _verified(counter: ReuseCounter) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A stream rewrite: usage chunks in OpenAI's shape, their verified reuse counted."""
+    from .reuse import normalize_usage
 
     def rewrite(chunk: dict[str, Any]) -> dict[str, Any]:
         usage = chunk.get("usage")
@@ -202,6 +225,11 @@ def _verified(counter: ReuseCounter) -> Callable[[dict[str, Any]], dict[str, Any
 @hookimpl
 async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
     """Relay ``/v1`` chat and text completions to the partition's worker."""
+    from werk import RewrittenStream, openai_upstream, renamed
+
+    from .reuse import normalize_usage
+    from .worker import OmlxHandle
+
     handle = runtime.handle
     if not isinstance(handle, OmlxHandle) or call.route not in ROUTES:
         return None
@@ -225,10 +253,14 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
 @hookimpl
 def werk_cache_inventory(home: Path) -> list[CacheEntry]:
     """The worker directories under ``backends/omlx/workers/`` (see :mod:`.cache`)."""
+    from . import cache
+
     return cache.inventory(home)
 
 
 @hookimpl
 def werk_cache_purge(home: Path, entry_id: str) -> bool | None:
     """Remove a worker directory no worker holds (``Conflict`` while one runs)."""
+    from . import cache
+
     return cache.purge(home, entry_id)

@@ -24,6 +24,7 @@ The plugin implements no state, prefill/decode or expert hook, so the host repor
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from werk import (
     BackendDescriptor,
@@ -33,33 +34,50 @@ from werk import (
     CapabilityStatus,
     DemoModel,
     EnvironmentSpec,
+    ModelSpec,
     OpenAICall,
     OpenAIReply,
-    RewrittenStream,
     Runtime,
     Unavailable,
     WerkError,
     hookimpl,
-    openai_upstream,
-    renamed,
 )
 
-from .environment import DEMO, environment_spec
-from .installation import locate
-from .process import (
-    DISABLE_APC,
-    ENABLE_APC,
-    LIVE,
-    VllmHandle,
-    check_alive,
-    start_runtime,
-    stop_runtime,
-)
-from .remote import RemoteHandle, configured, endpoint_answers, start_remote, stop_remote
+if TYPE_CHECKING:
+    from .process import (
+        VllmHandle,
+    )
+
 
 LOCAL = "vllm"
 REMOTE = "vllm-remote"
 ROUTES = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+async def _start_runtime(spec: ModelSpec) -> Runtime:
+    """``BackendDescriptor.start``; the process layer is imported on first use, not when every
+    `werk` command loads the plugin."""
+    from .process import start_runtime
+
+    return await start_runtime(spec)
+
+
+async def _stop_runtime(runtime: Runtime) -> None:
+    from .process import stop_runtime
+
+    await stop_runtime(runtime)
+
+
+async def _start_remote(spec: ModelSpec) -> Runtime:
+    from .remote import start_remote
+
+    return await start_remote(spec)
+
+
+async def _stop_remote(runtime: Runtime) -> None:
+    from .remote import stop_remote
+
+    await stop_remote(runtime)
 
 
 @hookimpl
@@ -69,8 +87,8 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=LOCAL,
             formats=("safetensors", "hf"),
             description="a Werk-started local vLLM OpenAI server",
-            start=start_runtime,
-            stop=stop_runtime,
+            start=_start_runtime,
+            stop=_stop_runtime,
         )
     )
     register(
@@ -78,8 +96,8 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=REMOTE,
             formats=("openai-endpoint",),
             description="a separately operated vLLM OpenAI endpoint (WERK_VLLM_HOST/PORT)",
-            start=start_remote,
-            stop=stop_remote,
+            start=_start_remote,
+            stop=_stop_remote,
         )
     )
 
@@ -87,17 +105,23 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
 @hookimpl
 def werk_backend_environments() -> list[EnvironmentSpec]:
     """``werk backends install vllm``: vLLM's CPU build here, the CUDA build with a GPU."""
+    from .environment import environment_spec
+
     return [environment_spec()]
 
 
 @hookimpl
 def werk_demo_models() -> list[DemoModel]:
     """``werk models create-demo --kind vllm``: a tiny Llama written by vLLM's environment."""
+    from .environment import DEMO
+
     return [DEMO]
 
 
 def _no_local_process() -> str:
     """Why no local vLLM is active: not installed (naming the install command) or not started."""
+    from .installation import locate
+
     try:
         installation = locate()
     except WerkError as exc:
@@ -110,6 +134,8 @@ def _no_local_process() -> str:
 
 def _remote_state() -> tuple[bool, str]:
     """(the configured endpoint answers now, why not)."""
+    from .remote import configured, endpoint_answers
+
     try:
         endpoint = configured()
     except WerkError as exc:
@@ -126,6 +152,8 @@ def prefix_cache_row(
 ) -> CapabilityReport:
     """The seed's rule over every active vLLM: ``local_args`` are the effective arguments of
     the live Werk-started processes, ``salted`` whether all of them accept ``cache_salt``."""
+    from .process import DISABLE_APC, ENABLE_APC
+
     row_id = CapabilityId.STATE_PREFIX_CACHE
     if not local_args and not remote_active:
         return CapabilityReport(
@@ -170,6 +198,8 @@ def prefix_cache_row(
 
 
 def _residency_local(context: CapabilityContext, live: list[VllmHandle]) -> CapabilityReport:
+    from .process import VllmHandle, check_alive
+
     runtime = context.runtime
     if runtime is not None and isinstance(runtime.handle, VllmHandle) and check_alive(runtime):
         active = True
@@ -190,6 +220,8 @@ def _residency_local(context: CapabilityContext, live: list[VllmHandle]) -> Capa
 
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
+    from .process import LIVE
+
     if context.backend not in (LOCAL, REMOTE):
         return []
     live = [h for h in list(LIVE) if h.alive()]
@@ -220,6 +252,11 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
 @hookimpl
 async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
     """Relay ``/v1`` chat and text completions to the runtime's vLLM server or endpoint."""
+    from werk import RewrittenStream, openai_upstream, renamed
+
+    from .process import VllmHandle, check_alive
+    from .remote import RemoteHandle
+
     handle = runtime.handle
     if isinstance(handle, RemoteHandle):
         body = dict(call.body)

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console, RenderableType
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:  # rich is imported when something is rendered, not with every `werk` command
+    from rich.console import Console, RenderableType
+    from rich.table import Table
 
 __all__ = ["console", "show", "size", "table"]
 
 
 def console(stream: TextIO | None = None) -> Console:
     """A console on ``stream`` (stdout by default): colour only when it is a terminal."""
+    from rich.console import Console
+
     out = stream if stream is not None else sys.stdout
     tty = out.isatty()
     return Console(
@@ -48,6 +50,8 @@ def show(renderable: RenderableType | str, stream: TextIO | None = None) -> None
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     """A plain, borderless table. ``None`` cells show as ``-``; rich ``Text`` keeps its style."""
+    from rich.table import Table
+
     result = Table(
         title=title,
         title_justify="left",
@@ -63,6 +67,8 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
 
 
 def _cell(value: Any) -> RenderableType:
+    from rich.text import Text
+
     if isinstance(value, Text):
         return value
     if value is None:

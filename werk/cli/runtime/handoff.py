@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import msgspec
 import typer
 
 from ...protocol import (
@@ -43,6 +42,8 @@ from ._common import (
 from ._render import console, show, size, table
 
 if TYPE_CHECKING:
+    import msgspec
+
     from ...client import WerkClient
 
 __all__ = ["build_prefill", "decode", "prefill", "read_prompt"]
@@ -90,6 +91,8 @@ def build_prefill(
 ) -> PrefillRequest:
     """Absent flags stay absent (server defaults apply); any policy flag sends a complete
     policy whose other members take the protocol defaults."""
+    import msgspec
+
     policy: Policy | msgspec.UnsetType = msgspec.UNSET
     if retention is not None or reuse is not None or ttl is not None or pin:
         policy = Policy(

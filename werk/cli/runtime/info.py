@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from rich.text import Text
-
 from ...protocol import CapabilitiesResponse, CapabilityStatus, InfoResponse
 from ._common import (
     DEFAULT_SERVER,
@@ -120,6 +118,8 @@ def capabilities_command(
 
 
 def _print_capabilities(response: CapabilitiesResponse) -> None:
+    from rich.text import Text
+
     rows = [
         (
             r.id,

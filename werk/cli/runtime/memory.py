@@ -7,8 +7,6 @@ import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Group, RenderableType
-from rich.text import Text
 
 from ...protocol import MemoryResponse, PressureLevel
 from .._output import emit_json
@@ -25,6 +23,8 @@ from ._common import (
 from ._render import console, show, size, table
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from ...client import WerkClient
 
 __all__ = ["memory", "render_memory"]
@@ -40,6 +40,9 @@ _PRESSURE_STYLE = {
 
 def render_memory(m: MemoryResponse, note: str | None = None) -> RenderableType:
     """The memory view: one row per resource, then Werk's accounting and counters."""
+    from rich.console import Group
+    from rich.text import Text
+
     title = f"Memory at {m.sampled_at}" + (f"  ({note})" if note else "")
     rows: list[tuple[Any, ...]] = []
     if m.host is None:
