@@ -7,6 +7,8 @@ API key) and sends the *same* short chat body both ways:
 * **sequential**: ``--rounds`` (200) non-streamed ``/v1/chat/completions`` per side, interleaved
   (Werk, direct, Werk, …) on one keep-alive connection each, after ``--warmup`` rounds; median,
   p90 and mean latency, and Werk's added median;
+* **streamed**: the same chat with ``"stream": true``, interleaved the same way; the time to
+  the first SSE event that carries content (median, p90) and Werk's added median;
 * **concurrent**: ``--clients`` (8) threads, each with its own keep-alive client, sending
   ``--per-client`` requests; requests per second for each side and the ratio Werk/direct.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import socket
 import statistics
@@ -173,6 +176,48 @@ def sequential(werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: in
     print(f"  added p50 {added:+.3f} ms   p50 ratio werk/direct {ratio:.3f}")
 
 
+def _has_content(data: str) -> bool:
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return False
+    choices = event.get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
+
+
+def _first_byte(client: httpx.Client, body: dict[str, Any]) -> float:
+    """Seconds from sending a streamed chat to the first SSE event that carries content."""
+    start = time.perf_counter()
+    first = None
+    with client.stream("POST", "/v1/chat/completions", json=body) as answer:
+        answer.raise_for_status()
+        for line in answer.iter_lines():
+            if first is None and line.startswith("data:") and _has_content(line[5:]):
+                first = time.perf_counter() - start
+    if first is None:
+        raise RuntimeError("the stream carried no content")
+    return first
+
+
+def streamed(werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int) -> None:
+    body = {**CHAT, "stream": True}
+    for _ in range(warmup):
+        _first_byte(werk, body)
+        _first_byte(direct, body)
+    through, straight = [], []
+    for _ in range(rounds):
+        through.append(_first_byte(werk, body))
+        straight.append(_first_byte(direct, body))
+    print(f"streamed: {rounds} short streamed chats per side, time to the first content byte")
+    for name, values in (("werk  ", through), ("direct", straight)):
+        print(
+            f"  {name} p50 {statistics.median(values) * 1e3:7.3f} ms"
+            f"  p90 {percentile(values, 0.9) * 1e3:7.3f} ms"
+        )
+    added = (statistics.median(through) - statistics.median(straight)) * 1e3
+    print(f"  added p50 to the first content byte {added:+.3f} ms")
+
+
 def concurrent(url: str, headers: dict[str, str], clients: int, per_client: int) -> float:
     errors: list[BaseException] = []
     barrier = threading.Barrier(clients + 1)
@@ -220,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     shown = ["<api-key>" if a == child.key else a for a in child.args[1:]]
                     print(f"llama-server pid {child.pid}: {' '.join(shown)}")
                     sequential(werk, direct, args.rounds, args.warmup)
+                    streamed(werk, direct, args.rounds, args.warmup)
             print(f"concurrent: {args.clients} clients x {args.per_client} short chats")
             through = concurrent(served.url, {}, args.clients, args.per_client)
             straight = concurrent(child.url, headers, args.clients, args.per_client)
