@@ -9,7 +9,9 @@ Reads (:meth:`~StateCatalog.list`, :meth:`~StateCatalog.get`, :meth:`~StateCatal
 they take no lock, create nothing, repair nothing and omit anything invalid or expired. They
 are consistent without a lock because every visible change is a single ``rename``.
 
-Mutations hold a process mutex plus ``flock`` on ``runtime-state/v1/.lock`` and reconcile first.
+Mutations hold a process mutex plus ``flock`` on ``runtime-state/v1/.lock`` and reconcile first:
+the whole store, or only the mutated principal's directory when nothing else can need it
+(:mod:`werk.state.clean_marks` says when; it keeps filling a store linear instead of quadratic).
 A commit streams its payload into ``p_x/.staging-<rand>/`` *outside* the store lock (so a
 multi-gigabyte write does not block other mutations); the staging directory carries its own
 ``flock`` so reconciliation can tell a live commit from an abandoned one. The publishing rename
@@ -52,6 +54,7 @@ from ._root import (
     storage_errors,
 )
 from ._validate import check_commit, check_fingerprint, check_principal
+from .clean_marks import CleanMarks
 from .envelope import Envelope
 from .layout import (
     LAST_ACCESSED,
@@ -94,6 +97,7 @@ class StateCatalog:
     :param clock: seconds since the epoch (injectable for expiry tests).
     :param quarantine_max_entries: quarantine keeps at most this many entries (newest).
     :param quarantine_max_age_seconds: quarantine entries older than this are deleted.
+    :param monotonic: the clock for the whole-store reconciliation interval (tests).
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class StateCatalog:
         clock: Callable[[], float] = time.time,
         quarantine_max_entries: int = 64,
         quarantine_max_age_seconds: float = 7 * 86400,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_payload_bytes < 0 or quarantine_max_entries < 0 or quarantine_max_age_seconds < 0:
             raise ValueError("catalog bounds must not be negative")
@@ -115,6 +120,7 @@ class StateCatalog:
         self._mutex = threading.Lock()
         self._suspects: set[tuple[str, str]] = set()
         self._suspects_lock = threading.Lock()
+        self._marks = CleanMarks(monotonic)
 
     # -- reads (no lock, no side effects) ---------------------------------------------------
 
@@ -278,7 +284,7 @@ class StateCatalog:
                 if pinned:
                     _fs.create_private_file(sfd, PINNED, b"")
                 fsync_dir(sfd)
-                self._publish(pfd, pname, staging, state_id)
+                self._publish(pfd, pname, staging, state_id, meta.expires_at)
         except BaseException:
             with contextlib.suppress(OSError):  # a no-op once the rename happened
                 _fs.remove_entry(pfd, staging)
@@ -291,10 +297,12 @@ class StateCatalog:
     def _open_staging(self, pname: str, staging: str) -> tuple[int, int]:
         """Reconcile, then create and ``flock`` a staging directory; return both descriptors."""
         with storage_errors("prepare a commit"), self._locked() as root:
-            self._reconcile_locked(root, self._clock())
-            pfd = ensure_dir(root, pname)
+            self._reconcile_locked(root, self._clock(), scope=pname)
+            with self._marks.changing(root, pname):
+                pfd = ensure_dir(root, pname)
             try:
-                _fs.make_private_dir(pfd, staging)
+                with self._marks.changing(root, pname):
+                    _fs.make_private_dir(pfd, staging)
                 sfd = open_dir(staging, pfd)
                 fcntl.flock(sfd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "a live commit owns this"
             except BaseException:
@@ -304,9 +312,11 @@ class StateCatalog:
                 raise
         return pfd, sfd
 
-    def _publish(self, pfd: int, pname: str, staging: str, state_id: str) -> None:
+    def _publish(
+        self, pfd: int, pname: str, staging: str, state_id: str, expires_at: float | None
+    ) -> None:
         """Rename the complete staging directory into place and make the rename durable."""
-        with self._locked() as root:
+        with self._locked() as root, self._marks.changing(root, pname, expires_at):
             check_same_dir(root, pname, pfd)
             _fs.fault("before_rename")
             os.rename(staging, state_id, src_dir_fd=pfd, dst_dir_fd=pfd)
@@ -352,19 +362,21 @@ class StateCatalog:
             if pfd is not None:
                 os.close(pfd)
             chosen = select(states, request, now, busy)
-            report = self._reconcile_locked(root, now)
+            pname = principal_dir_name(principal)
+            report = self._reconcile_locked(root, now, scope=pname)
             expired = {sid for p, sid in report.expired_deleted if p == principal}
             deleted: builtins.list[str] = []
             pfd = open_principal_dir(root, principal)
             try:
-                for sid in chosen.delete:
-                    if sid not in expired and pfd is not None:
-                        with contextlib.suppress(FileNotFoundError):  # quarantined meanwhile
-                            delete_state(pfd, sid)
-                    deleted.append(sid)
-                    _fs.fault("mid_prune")
-                if pfd is not None and deleted:
-                    fsync_dir(pfd)
+                with self._marks.changing(root, pname):
+                    for sid in chosen.delete:
+                        if sid not in expired and pfd is not None:
+                            with contextlib.suppress(FileNotFoundError):  # quarantined meanwhile
+                                delete_state(pfd, sid)
+                        deleted.append(sid)
+                        _fs.fault("mid_prune")
+                    if pfd is not None and deleted:
+                        fsync_dir(pfd)
             finally:
                 if pfd is not None:
                     os.close(pfd)
@@ -402,7 +414,7 @@ class StateCatalog:
         if not STATE_ID_PATTERN.fullmatch(state_id):
             raise _not_found()
         with storage_errors(action), self._locked() as root:
-            self._reconcile_locked(root, self._clock())
+            self._reconcile_locked(root, self._clock(), scope=principal_dir_name(principal))
             pfd = open_principal_dir(root, principal)
             if pfd is None:
                 raise _not_found()
@@ -425,16 +437,29 @@ class StateCatalog:
             finally:
                 os.close(pfd)
 
-    def _reconcile_locked(self, root: int, now: float) -> ReconcileReport:
+    def _reconcile_locked(
+        self, root: int, now: float, *, scope: str | None = None
+    ) -> ReconcileReport:
+        """Reconcile before a mutation: the whole store, or only principal directory ``scope``
+        when :class:`~werk.state.clean_marks.CleanMarks` shows nothing else can need it."""
         with self._suspects_lock:
             suspects = frozenset(self._suspects)
-        report = Reconciler(
+        reconciler = Reconciler(
             root,
             now=now,
             quarantine_max_entries=self._q_entries,
             quarantine_max_age_seconds=self._q_age,
             suspects=suspects,
-        ).run()
+        )
+        outside = any(principal_dir_name(p) != scope for p, _ in suspects)
+        if scope is None or outside or self._marks.needs_full_pass(root):
+            report = reconciler.run()
+            self._marks.after_full_pass(root, report.expiries)
+        elif suspects or self._marks.needs_scan(root, scope, now):
+            report = reconciler.run_one(scope)
+            self._marks.after_scan(root, scope, report.expiries.get(scope))
+        else:
+            report = ReconcileReport()
         with self._suspects_lock:
             self._suspects -= suspects
         return report

@@ -55,6 +55,8 @@ class ReconcileReport:
     quarantined: int = 0
     unsafe_unlinked: int = 0
     quarantine_deleted: int = 0
+    expiries: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Principal directory name → the earliest expiry among the states kept there."""
 
 
 def delete_state(pdir_fd: int, name: str) -> None:
@@ -90,15 +92,27 @@ class Reconciler:
         self._max_age = quarantine_max_age_seconds
         self._suspects = suspects
         self._quarantine_fd: int | None = None
+        self._dir_name = ""
         self.report = ReconcileReport()
 
     def run(self) -> ReconcileReport:
+        """The whole store: every root entry, then the quarantine bound."""
         try:
             for name in sorted(os.listdir(self._root)):
                 if name in (LOCK_NAME, QUARANTINE_NAME):
                     continue
                 self._root_entry(name)
             self._bound_quarantine()
+        finally:
+            if self._quarantine_fd is not None:
+                os.close(self._quarantine_fd)
+        return self.report
+
+    def run_one(self, name: str) -> ReconcileReport:
+        """One root entry (a principal's directory), as :meth:`run` treats it."""
+        try:
+            if name not in (LOCK_NAME, QUARANTINE_NAME):
+                self._root_entry(name)
         finally:
             if self._quarantine_fd is not None:
                 os.close(self._quarantine_fd)
@@ -136,6 +150,7 @@ class Reconciler:
                 # Wrong owner or mode: its states may have been exposed or planted. Fail closed.
                 self._quarantine(self._root, name)
                 return
+            self._dir_name = name
             self._principal(pfd, principal)
         finally:
             os.close(pfd)
@@ -199,6 +214,9 @@ class Reconciler:
                 state = inspect_open_state(sfd, name, principal)
             suspect = (principal, name) in self._suspects
             if state is not None and not state.expired(self._now) and not suspect:
+                if state.expires_at is not None:
+                    known = self.report.expiries.get(self._dir_name, state.expires_at)
+                    self.report.expiries[self._dir_name] = min(known, state.expires_at)
                 return self._clean_tmp(sfd)
         finally:
             os.close(sfd)
