@@ -6,9 +6,9 @@ principal ``local``: what an unauthenticated local ``werk serve`` answers for), 
 a real ``werk serve`` with no model, and one keep-alive client lists the states 100 times in a
 row. A listing that is linear in the number of states costs about 100× more with 100× the
 states; the goal (issue 15) is a ratio ≤ 100 (no quadratic scans). The in-process
-``StateCatalog.list`` time is printed beside it, and so is the time the commits took: each
-commit reconciles the whole store first, so filling grows with the square of the count
-(2,000 states took 93 s here; 10,000 take far longer — use ``--large`` to size the run).
+``StateCatalog.list`` time is printed beside it, and so is the time the commits took (each
+commit reconciles only what can need it, so filling is linear too: before that change, 2,000
+states took 93 s here because every commit rescanned the whole store).
 
 Run: ``.venv/bin/python benchmarks/listing_scale.py [--small 100] [--large 10000] [--rounds 100]``.
 Figures are printed, never asserted.
