@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Generator
 from typing import Any
 
@@ -32,7 +34,15 @@ _RECORDING = pytest.StashKey[contextlib.ExitStack]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Start recording before collection: test modules may build managers at import time."""
+    """Start recording before collection: test modules may build managers at import time.
+
+    A test that does not choose its own ``WERK_HOME`` still never writes into the user's (the
+    llama.cpp plugin, for one, caches executable inspections there): the run gets a private
+    default, removed at the end."""
+    if "WERK_HOME" not in os.environ:
+        home = tempfile.mkdtemp(prefix="werk-test-home-")
+        os.environ["WERK_HOME"] = home
+        config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
     stack = contextlib.ExitStack()
     stack.enter_context(record_hook_calls(HOOK_CALLS))
     config.stash[_RECORDING] = stack

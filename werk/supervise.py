@@ -70,6 +70,8 @@ log = logging.getLogger("werk.supervise")
 TERM_GRACE_SECONDS = 5.0
 LOG_TAIL_BYTES = 16 * 1024
 READY_POLL_MAX_SECONDS = 0.1
+READY_POLL_FIRST_SECONDS = 0.01
+READY_POLL_FAST_PERIOD = 1.0
 
 # argv: [python, -I, -S, -c, SHIM, parent_pid, guard, program, args...]; exits 127 when the
 # program cannot be executed. guard "0": prctl, then exec the program (it *is* the child).
@@ -446,14 +448,17 @@ async def wait_until_ready(
     timeout: float,
     what: str = "the process",
 ) -> None:
-    """Call ``ready()`` until it returns ``True``, with growing pauses (up to 0.1 s).
+    """Call ``ready()`` until it returns ``True``: every 10 ms during the first second (a small
+    model is ready in well under that, and every poll interval is added to the time to the first
+    token), then with pauses growing to 0.1 s.
 
     :raises ProcessExited: the child exited first.
     :raises werk.WerkTimeout: ``timeout`` seconds passed (the child is left running: the
         caller decides whether to stop it).
     """
-    deadline = time.monotonic() + timeout
-    delay = 0.02
+    start = time.monotonic()
+    deadline = start + timeout
+    delay = READY_POLL_FIRST_SECONDS
     while True:
         code = process.poll()
         if code is not None:
@@ -466,4 +471,5 @@ async def wait_until_ready(
                 capability=CapabilityId.MODEL_RESIDENCY,
             )
         await anyio.sleep(delay)
-        delay = min(delay * 1.5, READY_POLL_MAX_SECONDS)
+        if time.monotonic() - start >= READY_POLL_FAST_PERIOD:
+            delay = min(delay * 1.5, READY_POLL_MAX_SECONDS)

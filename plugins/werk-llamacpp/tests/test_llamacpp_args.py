@@ -394,6 +394,57 @@ async def test_verify_unchanged_detects_a_replaced_binary(tmp_path: Path) -> Non
         await verify_unchanged(result)
 
 
+@pytest.mark.anyio
+async def test_a_valid_inspection_is_reused_from_disk_by_the_next_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
+    llama_inspect.forget_inspections()
+    exe = stand_in(tmp_path / "bin" / "llama-server")
+    first = await inspect_executable(exe)
+    [cached] = list(llama_inspect.inspection_dir().iterdir())
+    assert cached.stat().st_mode & 0o777 == 0o600
+    llama_inspect.forget_inspections()  # what a new process starts with
+    again = await inspect_executable(exe)
+    assert again == first and sorted(runs(exe)) == ["--help", "--version"]  # nothing ran
+    llama_inspect.forget_inspections()
+    assert inspect_executable_sync(exe) == first and len(runs(exe)) == 2
+    # A corrupt entry is ignored (the executable runs again) and replaced.
+    cached.write_text("{not json")
+    llama_inspect.forget_inspections()
+    assert await inspect_executable(exe) == first and len(runs(exe)) == 4
+    llama_inspect.forget_inspections()
+    assert await inspect_executable(exe) == first and len(runs(exe)) == 4
+    # Another identity (here: a copy at another path) is inspected anew.
+    copy = tmp_path / "other" / "llama-server"
+    copy.parent.mkdir()
+    copy.write_bytes(exe.read_bytes())
+    copy.chmod(0o755)
+    assert (await inspect_executable(copy)).sha256 == first.sha256
+    assert len(list(llama_inspect.inspection_dir().iterdir())) == 2
+
+
+@pytest.mark.anyio
+async def test_an_invalid_inspection_is_not_written_and_a_changed_binary_drops_its_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
+    llama_inspect.forget_inspections()
+    await inspect_executable(stand_in(tmp_path / "bad" / "llama-server", version_rc=1))
+    assert not llama_inspect.inspection_dir().exists()
+    exe = stand_in(tmp_path / "good" / "llama-server")
+    result = await inspect_executable(exe)
+    assert len(list(llama_inspect.inspection_dir().iterdir())) == 1
+    stat = exe.stat()
+    data = bytearray(exe.read_bytes())
+    data[-2:-1] = b"#"
+    exe.write_bytes(bytes(data))
+    os.utime(exe, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(ExecutableChanged):
+        await verify_unchanged(result, llama_inspect.start_rehash(result))
+    assert list(llama_inspect.inspection_dir().iterdir()) == []
+
+
 # -- locating the executable ------------------------------------------------------------------
 
 

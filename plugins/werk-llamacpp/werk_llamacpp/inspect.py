@@ -3,12 +3,18 @@
 ``--help`` and ``--version`` run once per executable *identity* (path, device, inode, size,
 mtime and ctime), concurrently with a SHA-256 of the binary; all three finish before any model
 process is spawned. The file's identity is checked before and after, so a binary replaced
-mid-inspection is never trusted. Successful inspections are cached in-process by identity; a
-failed one is retried on the next start.
+mid-inspection is never trusted. Successful inspections are cached by identity in-process and
+on disk (``WERK_HOME/backends/llamacpp/inspections/``, one private JSON file per identity), so
+the next ``werk serve`` spawns its child without running the executable twice first; a failed
+inspection is never cached and is retried on the next start. A cached entry is used only when
+every field of the identity matches the file as it is now (any replacement, copy or in-place
+write changes the inode, mtime or ctime); a corrupt or mismatching entry is ignored and
+replaced.
 
 The argument builder uses only the flags this help text advertises (:func:`advertised_flags`).
 After the child reports ready, :func:`verify_unchanged` re-checks the identity *and* the full
-hash: the process Werk fingerprinted must be the one that is running.
+hash (computed while the child loads): the process Werk fingerprinted must be the one that is
+running.
 
 An inspection is *valid* when both commands succeed, the version is readable, the identity did
 not change, and the state-related flags (``--slot-save-path``, ``-np``) are advertised. An invalid
@@ -19,17 +25,21 @@ but it disables native persistence: the generation's state capabilities stay una
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
+import json
 import os
 import re
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
-from werk import CapabilityId, Unavailable
+from werk import CapabilityId, Unavailable, replace_private_file, werk_home
 
 __all__ = [
     "ESSENTIAL_FLAGS",
@@ -43,7 +53,9 @@ __all__ = [
     "forget_inspections",
     "inspect_executable",
     "inspect_executable_sync",
+    "inspection_dir",
     "sha256_file",
+    "start_rehash",
     "verify_unchanged",
 ]
 
@@ -159,11 +171,68 @@ def _safe_hash(path: Path) -> str:
 
 
 _cache: dict[FileIdentity, Inspection] = {}
+DISK_CACHE_VERSION = 1
+MAX_CACHE_FILE_BYTES = 2 * MAX_OUTPUT_BYTES + 64 * 1024
 
 
 def forget_inspections() -> None:
-    """Drop the in-process cache (tests)."""
+    """Drop the in-process cache (tests); the disk cache stays (see :func:`inspection_dir`)."""
     _cache.clear()
+
+
+def inspection_dir() -> Path:
+    return werk_home() / "backends" / "llamacpp" / "inspections"
+
+
+def _cache_file(identity: FileIdentity) -> Path:
+    key = hashlib.sha256(repr(dataclasses.astuple(identity)).encode()).hexdigest()[:32]
+    return inspection_dir() / f"{key}.json"
+
+
+def _load_cached(path: Path, identity: FileIdentity) -> Inspection | None:
+    """The inspection recorded on disk for exactly ``identity``, or ``None``."""
+    try:
+        fd = os.open(_cache_file(identity), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(MAX_CACHE_FILE_BYTES + 1)
+        record = json.loads(raw) if len(raw) <= MAX_CACHE_FILE_BYTES else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("version") != DISK_CACHE_VERSION:
+        return None
+    if record.get("identity") != list(dataclasses.astuple(identity)):
+        return None
+    outputs = record.get("outputs")
+    digest = record.get("sha256")
+    if not isinstance(outputs, dict) or not isinstance(digest, str):
+        return None
+    try:
+        parsed = {flag: (int(outputs[flag][0]), str(outputs[flag][1])) for flag in _FLAGS}
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    result = _assemble(path, identity, parsed, digest, store=False)
+    return result if result.valid and not result.missing_essential else None
+
+
+def _store_cached(identity: FileIdentity, outputs: dict[str, tuple[int, str]], digest: str) -> None:
+    """Record a valid inspection for the next process (best effort: a failure only costs time)."""
+    record = {
+        "version": DISK_CACHE_VERSION,
+        "identity": list(dataclasses.astuple(identity)),
+        "sha256": digest,
+        "outputs": {flag: list(outputs[flag]) for flag in _FLAGS},
+    }
+    target = _cache_file(identity)
+    with contextlib.suppress(OSError):
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            replace_private_file(dir_fd, target.name, json.dumps(record).encode())
+        finally:
+            os.close(dir_fd)
 
 
 def _decode(rc: int, stdout: bytes, stderr: bytes) -> tuple[int, str]:
@@ -212,11 +281,16 @@ def _identity(path: Path) -> FileIdentity:
         ) from None
 
 
+_FLAGS = ("--help", "--version")
+
+
 def _assemble(
     path: Path,
     before: FileIdentity,
     outputs: dict[str, tuple[int, str]],
     digest: str,
+    *,
+    store: bool = True,
 ) -> Inspection:
     try:
         after: FileIdentity | None = FileIdentity.of(path)
@@ -249,6 +323,8 @@ def _assemble(
     )
     if result.valid and not missing:
         _cache[before] = result
+        if store:
+            _store_cached(before, outputs, digest)
     return result
 
 
@@ -265,7 +341,7 @@ async def inspect_executable(path: Path) -> Inspection:
     concurrently and all finish before this returns. A bad executable is described by the
     result's ``problems``; only an unreadable file raises :class:`werk.Unavailable`."""
     before = _identity(path)
-    cached = _cache.get(before)
+    cached = _cache.get(before) or _load_cached(path, before)
     if cached is not None:
         return cached
     outputs: dict[str, tuple[int, str]] = {}
@@ -284,7 +360,7 @@ async def inspect_executable(path: Path) -> Inspection:
 def inspect_executable_sync(path: Path) -> Inspection:
     """:func:`inspect_executable` for synchronous callers (capability discovery)."""
     before = _identity(path)
-    cached = _cache.get(before)
+    cached = _cache.get(before) or _load_cached(path, before)
     if cached is not None:
         return cached
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="werk-llama-inspect") as pool:
@@ -296,18 +372,35 @@ def inspect_executable_sync(path: Path) -> Inspection:
     return _assemble(path, before, outputs, digest)
 
 
-async def verify_unchanged(inspection: Inspection) -> None:
-    """Re-stat and re-hash the executable after readiness.
+def start_rehash(inspection: Inspection) -> Future[str]:
+    """Hash the executable as it is now (``""`` if unreadable) in a thread of its own: start it
+    before spawning the child and pass the result to :func:`verify_unchanged` after readiness,
+    so the hash costs no time on the way to the first token."""
+    future: Future[str] = Future()
+
+    def run() -> None:
+        future.set_result(_safe_hash(inspection.path))
+
+    threading.Thread(target=run, name="werk-llama-rehash", daemon=True).start()
+    return future
+
+
+async def verify_unchanged(inspection: Inspection, digest: Future[str] | None = None) -> None:
+    """Re-stat the executable after readiness and compare its hash (from :func:`start_rehash`,
+    started after the inspection; computed here when not given).
 
     :raises ExecutableChanged: the file on disk is no longer what was inspected.
     """
     try:
-        now = FileIdentity.of(inspection.path)
-        digest = await anyio.to_thread.run_sync(sha256_file, inspection.path)
+        now: FileIdentity | None = FileIdentity.of(inspection.path)
     except OSError:
-        now, digest = None, ""
-    if now != inspection.identity or digest != inspection.sha256:
+        now = None
+    pending = digest if digest is not None else start_rehash(inspection)
+    digest_now = await anyio.to_thread.run_sync(pending.result)
+    if now != inspection.identity or digest_now != inspection.sha256:
         _cache.pop(inspection.identity, None)
+        with contextlib.suppress(OSError):
+            _cache_file(inspection.identity).unlink()
         raise ExecutableChanged(
             "the llama-server executable changed while the model was starting; retry to "
             "start it again with the new executable",

@@ -60,7 +60,13 @@ from .args import (
 )
 from .executable import locate_llama_server
 from .handle import LlamaHandle, ProbeResult, ProbeStatus
-from .inspect import Inspection, child_environment, inspect_executable, verify_unchanged
+from .inspect import (
+    Inspection,
+    child_environment,
+    inspect_executable,
+    start_rehash,
+    verify_unchanged,
+)
 
 __all__ = [
     "Child",
@@ -414,6 +420,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     generation = new_generation()
     workdir = await anyio.to_thread.run_sync(prepare_generation, generation_root(), generation)
     slot_dir = workdir.path / "slots"
+    digest = start_rehash(inspection)  # for the post-readiness check, while the child loads
     try:
         child, built, api_key, http, relay = await _spawn_ready(
             spec, inspection, options, generation, slot_dir, workdir
@@ -423,7 +430,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         raise
     try:
         total_slots, n_ctx, alias = await _props(http)
-        await verify_unchanged(inspection)
+        await verify_unchanged(inspection, digest)
         blockers = state_blockers(built, inspection)
         if total_slots < 1 + STATE_SLOT_COUNT:
             blockers.append(f"only {total_slots} slot(s); named states need a reserved slot")
