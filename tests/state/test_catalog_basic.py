@@ -402,3 +402,36 @@ def test_planted_lock_link_is_replaced_not_followed(tmp_path: Path) -> None:
     assert not lock.is_symlink() and lock.is_file()
     assert target.read_bytes() == b"precious"
     assert len(catalog.list("local")) == 2
+
+
+def test_export_payload_copies_verified_bytes_in_one_pass(
+    catalog: StateCatalog, tmp_path: Path
+) -> None:
+    data = payload_chunks(7, 3, 100_000)
+    state = commit(catalog, data)
+    target = tmp_path / "scratch" / "restore.bin"
+    target.parent.mkdir()
+    catalog.export_payload("local", state.id, target)
+    assert target.read_bytes() == b"".join(data)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    with pytest.raises(StorageError):
+        catalog.export_payload("local", state.id, target)  # never over an existing path
+    with pytest.raises(NotFound):
+        catalog.export_payload(P_OTHER, state.id, tmp_path / "scratch" / "other.bin")
+    assert not (tmp_path / "scratch" / "other.bin").exists()
+
+
+def test_export_payload_refuses_a_corrupt_payload_and_leaves_nothing(
+    catalog: StateCatalog, tmp_path: Path
+) -> None:
+    state = commit(catalog, payload_chunks(8, 2, 50_000))
+    payload = store(tmp_path / "home") / "p_local" / state.id / "payload.bin"
+    data = bytearray(payload.read_bytes())
+    data[-1] ^= 0x01
+    payload.write_bytes(bytes(data))
+    target = tmp_path / "restore.bin"
+    with pytest.raises(NotFound, match="verification"):
+        catalog.export_payload("local", state.id, target)
+    assert not target.exists()
+    commit(catalog, payload_chunks(9, 1, 10))  # the next mutation quarantines the suspect
+    assert not (store(tmp_path / "home") / "p_local" / state.id).exists()

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import secrets
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,15 +147,12 @@ class PrefillFlow:
         return restored
 
     def _materialize(self, principal: str, state_id: str) -> Path:
-        """Copy the hash-verified payload to a private file the backend may consume (move or
-        read); the host deletes it afterwards if it is still there."""
+        """Copy the payload to a private file the backend may consume (move or read), its hash
+        verified in the same pass; the host deletes it afterwards if it is still there."""
         scratch = self.s.config.home / "tmp"
         scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
         target = scratch / f"restore-{secrets.token_hex(12)}.bin"
-        with self.s.catalog.open_payload(principal, state_id) as source:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as sink:
-                shutil.copyfileobj(source, sink, 1024 * 1024)
+        self.s.catalog.export_payload(principal, state_id, target)
         return target
 
     async def prefill(self, principal: str, request: PrefillRequest) -> PrefillResponse:

@@ -63,6 +63,7 @@ from .layout import (
     PAYLOAD,
     PINNED,
     STAGING_PREFIX,
+    copy_verified_payload,
     inspect_open_state,
     inspect_state,
     metadata_digest_line,
@@ -179,6 +180,30 @@ class StateCatalog:
         A payload that fails verification is refused (``not_found``) and quarantined by the
         next mutation.
         """
+        with self._verifying(principal, state_id) as pfd:
+            return contextlib.closing(open_verified_payload(pfd, state_id, principal))
+
+    def export_payload(self, principal: str, state_id: str, target: Path) -> None:
+        """Write the state's payload to the new private file ``target`` (0600, never an
+        existing path), its SHA-256 verified in the same pass (one read instead of two). On a
+        mismatch ``target`` is removed and the state is refused like :meth:`open_payload`.
+        """
+        with self._verifying(principal, state_id) as pfd:
+            sink = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                try:
+                    copy_verified_payload(pfd, state_id, principal, sink)
+                finally:
+                    os.close(sink)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    target.unlink()
+                raise
+
+    @contextlib.contextmanager
+    def _verifying(self, principal: str, state_id: str) -> Iterator[int]:
+        """The principal's directory for a payload read; a payload that fails verification
+        becomes a suspect (quarantined by the next mutation) and the read ``not_found``."""
         check_principal(principal)
         if not STATE_ID_PATTERN.fullmatch(state_id):
             raise _not_found()
@@ -187,14 +212,13 @@ class StateCatalog:
             if pfd is None:
                 raise _not_found()
             try:
-                stream = open_verified_payload(pfd, state_id, principal)
+                yield pfd
             except (FileNotFoundError, PermissionError):
                 raise _not_found() from None
             except Rejected:
                 with self._suspects_lock:
                     self._suspects.add((principal, state_id))
                 raise NotFound("the state failed verification and will be quarantined") from None
-        return contextlib.closing(stream)
 
     def _read_states(self, principal: str) -> builtins.list[StoredState]:
         check_principal(principal)

@@ -38,6 +38,7 @@ from .._fs import (
     open_dir,
     open_private_file,
     read_small,
+    write_all,
 )
 from .metadata import (
     STATE_ID_PATTERN,
@@ -211,6 +212,36 @@ def scan_principal(pdir_fd: int, principal: str) -> list[StoredState]:
             continue
     found.sort(key=lambda s: (s.created_at, s.id))
     return found
+
+
+def copy_verified_payload(pdir_fd: int, state_id: str, principal: str, sink_fd: int) -> None:
+    """Copy a state's payload to ``sink_fd`` and check its full SHA-256 in the same pass.
+
+    One read of the payload instead of :func:`open_verified_payload`'s two (hash, then the
+    caller's read): the bytes written are the bytes hashed. The sink holds unverified bytes
+    until this returns; on :class:`Rejected` the caller must discard it.
+
+    :raises Rejected: the state is invalid or its payload does not match.
+    :raises FileNotFoundError: the state does not exist.
+    """
+    sfd = open_dir(state_id, pdir_fd)
+    try:
+        check_private_dir(sfd, state_id)
+        state = inspect_open_state(sfd, state_id, principal)
+        fd, _ = open_private_file(PAYLOAD, sfd)
+    finally:
+        os.close(sfd)
+    with os.fdopen(fd, "rb", buffering=0) as stream:
+        digest = hashlib.sha256()
+        total = 0
+        buffer = bytearray(CHUNK)
+        with memoryview(buffer) as view:
+            while n := stream.readinto(buffer):
+                digest.update(view[:n])
+                write_all(sink_fd, view[:n])
+                total += n
+    if total != state.payload_bytes or digest.hexdigest() != state.payload_sha256:
+        raise Rejected("payload hash mismatch")
 
 
 def open_verified_payload(pdir_fd: int, state_id: str, principal: str) -> BinaryIO:

@@ -4,7 +4,7 @@
 mtime and ctime), concurrently with a SHA-256 of the binary; all three finish before any model
 process is spawned. The file's identity is checked before and after, so a binary replaced
 mid-inspection is never trusted. Successful inspections are cached by identity in-process and
-on disk (``WERK_HOME/backends/llamacpp/inspections/``, one private JSON file per identity), so
+on disk (``WERK_HOME/inspections/llamacpp/``, one private JSON file per identity), so
 the next ``werk serve`` spawns its child without running the executable twice first; a failed
 inspection is never cached and is retried on the next start. A cached entry is used only when
 every field of the identity matches the file as it is now (any replacement, copy or in-place
@@ -181,7 +181,7 @@ def forget_inspections() -> None:
 
 
 def inspection_dir() -> Path:
-    return werk_home() / "backends" / "llamacpp" / "inspections"
+    return werk_home() / "inspections" / "llamacpp"
 
 
 def _cache_file(identity: FileIdentity) -> Path:
