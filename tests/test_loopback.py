@@ -181,6 +181,7 @@ async def test_a_refused_connection_is_not_sent() -> None:
     ("answer", "message"),
     [
         (raw(b"HTTP/1.1 2", close=True), "inside the response head"),
+        (raw(b"HTTP/1.1 100 Continue\r\n\r\n", close=True), "inside the response head"),
         (raw(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", close=True), "body's end"),
         (raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"), "chunk size"),
         (raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", close=True), "chunk"),

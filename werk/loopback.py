@@ -396,7 +396,9 @@ class LoopbackClient:
             raise NotSent(f"could not connect to {self.host}:{self.port}: {exc}") from None
         return connection
 
-    async def _response(self, connection: _Connection, *, no_body: bool) -> LoopbackResponse:
+    async def _response(
+        self, connection: _Connection, *, no_body: bool, started: bool = False
+    ) -> LoopbackResponse:
         buffer = connection.buffer
         while True:
             end = buffer.find(b"\r\n\r\n")
@@ -406,7 +408,7 @@ class LoopbackClient:
                 raise BrokenResponse("the response head is too long")
             data = await connection.receive(self.read_timeout)
             if not data:
-                if buffer:
+                if buffer or started:
                     raise BrokenResponse("the connection closed inside the response head")
                 raise NotSent("the connection closed before any response byte")
             buffer += data
@@ -423,7 +425,7 @@ class LoopbackClient:
                 raise BrokenResponse("the response has an invalid header line")
             headers[name.strip().lower()] = value.strip()
         if 100 <= status < 200:  # an interim response (100 Continue): the real one follows
-            return await self._response(connection, no_body=no_body)
+            return await self._response(connection, no_body=no_body, started=True)
         connection_header = headers.get("connection", "").lower()
         keep_alive = "close" not in connection_header and (
             parts[0] != "HTTP/1.0" or "keep-alive" in connection_header
