@@ -153,6 +153,9 @@ class Runtime:
     :ivar executable: fingerprint of the backend executable (``sha256:…``; ``""`` in-process).
     :ivar args: the effective runtime arguments, in order (part of every state's envelope).
     :ivar cache_layout: the backend's own description of its state layout (opaque to the host).
+    :ivar pid: the process that serves this runtime alone, if there is one (``werk ps`` shows
+        it and the resident memory of its process tree); ``None`` for a runtime in a shared
+        worker, an endpoint or in-process.
     """
 
     backend: str
@@ -163,6 +166,7 @@ class Runtime:
     executable: str = ""
     args: tuple[str, ...] = ()
     cache_layout: str = ""
+    pid: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,6 +37,7 @@ from .protocol import (
     PruneResult,
     ResidencyRequest,
     ResidencyResult,
+    RuntimeList,
     StateList,
     StateSummary,
     Tier,
@@ -180,6 +181,9 @@ class WerkClient:
 
     def models(self) -> ModelList:
         return self._call("GET", "/werk/v1/models", ModelList)
+
+    def runtimes(self) -> RuntimeList:
+        return self._call("GET", "/werk/v1/runtimes", RuntimeList)
 
     def set_residency(
         self, model: str, *, resident: bool, dry_run: bool = False

@@ -44,6 +44,7 @@ from werk.protocol import (
     PrefillResponse,
     PruneResult,
     ReuseOutcome,
+    RuntimeList,
     StateList,
     StateSummary,
     Tier,
@@ -208,6 +209,10 @@ def test_every_route_answers_with_its_success_shape(http: httpx.Client) -> None:
     models = call("GET", f"{P}/models").json()["models"]
     walk = next(m for m in models if m["id"] == "walk")
     assert walk["resident"] is True and walk["identity"].startswith("sha256:")
+    loaded_runtimes = ok(call("GET", f"{P}/runtimes"), RuntimeList).runtimes
+    [walk_runtime] = [r for r in loaded_runtimes if r.model == "walk"]
+    assert walk_runtime.busy == 0 and walk_runtime.keep_alive_seconds == 300.0
+    assert walk_runtime.idle_until is not None and walk_runtime.reserved_bytes is None
     unloaded = call("POST", f"{P}/models/{{model}}/unload", {"dry_run": True})
     assert unloaded.json() == {"model": "walk", "resident": True}  # a preview changes nothing
 

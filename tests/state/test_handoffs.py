@@ -470,3 +470,19 @@ def test_streaming_buffer_boundary_small() -> None:
     with pytest.raises(werk.BackendError):
         over.append("€")  # 8 + 3 > 10
     assert over.text() == "abcdéfg"
+
+
+def test_generations_in_use_are_those_of_live_and_held_handoffs(
+    reg: HandoffRegistry, clock: Clock
+) -> None:
+    assert reg.generations_in_use() == frozenset()
+    issued = issue(reg, ALICE, generation="g_a")
+    issue(reg, BOB, generation="g_b")
+    pending = reg.reserve(BOB)  # a reservation binds no generation yet
+    assert reg.generations_in_use() == {"g_a", "g_b"}
+    with reg.consume(ALICE, issued.token, generation={"g_a", "g_b"}):
+        assert reg.generations_in_use() == {"g_a", "g_b"}  # held while its decode runs
+    assert reg.generations_in_use() == {"g_b"}
+    pending.rollback()
+    clock.now += HANDOFF_TTL_SECONDS
+    assert reg.generations_in_use() == frozenset()  # expired: protects nothing

@@ -17,6 +17,7 @@ from ..protocol import (
     Reuse,
     WerkError,
 )
+from ..protocol.residency import parse_keep_alive
 from ._app import app
 
 API_KEYS_ENV = "WERK_API_KEYS"
@@ -124,6 +125,14 @@ def serve(
         help="Close a connection whose request line and headers are not complete within "
         f"SECONDS ({HEADER_TIMEOUT_MIN:g}..{HEADER_TIMEOUT_MAX:g}; slow-header defence).",
     ),
+    keep_alive: str = typer.Option(
+        "5m",
+        "--keep-alive",
+        metavar="DURATION",
+        help="Unload a model's runtime when it has been idle this long: seconds or 300ms, 10s, "
+        "5m, 1h30m; 0 = right after each request; -1 = never. A /v1 request's own "
+        '"keep_alive" (the same forms) replaces it for that model, as in Ollama. See `werk ps`.',
+    ),
     log_level: str = typer.Option(
         "warning",
         metavar="LEVEL",
@@ -153,6 +162,10 @@ def serve(
         ttl_seconds=persistence_ttl_seconds,
         pin=persistence_pin,
     )
+    try:
+        keep_alive_seconds = parse_keep_alive(keep_alive)
+    except WerkError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--keep-alive") from None
     keys = collect_api_keys(api_key, api_key_file)
     if not keys and not is_loopback_host(host):
         if not insecure_no_auth:
@@ -188,6 +201,7 @@ def serve(
                 auth_mode=auth.mode,
                 namespace_key=namespace_key,
                 persistence_defaults=defaults,
+                keep_alive_seconds=keep_alive_seconds,
             ),
         )
     except WerkError as exc:

@@ -20,7 +20,7 @@ from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
 from ..state.principals import NamespaceKey
-from .runtimes import RuntimeManager
+from .runtimes import DEFAULT_KEEP_ALIVE_SECONDS, RuntimeManager
 from .volatile import VolatileStates
 
 __all__ = ["ServiceConfig", "ServiceContext"]
@@ -35,6 +35,8 @@ class ServiceConfig:
     auth_mode: AuthMode
     namespace_key: NamespaceKey
     persistence_defaults: PersistenceDefaults | None = None
+    keep_alive_seconds: float | None = DEFAULT_KEEP_ALIVE_SECONDS
+    """How long a runtime stays loaded when idle (``werk serve --keep-alive``; None: forever)."""
 
 
 class ServiceContext(Protocol):

@@ -35,6 +35,7 @@ from ..protocol import (
     PruneResult,
     ResidencyRequest,
     ResidencyResult,
+    RuntimeList,
     StateList,
     StateSummary,
     Tier,
@@ -140,6 +141,18 @@ class WerkControl(abc.ABC):
         """Run queued jobs one at a time until cancelled (the server's lifespan starts it with
         ``TaskGroup.start``): first mark every unfinished record of an earlier server
         ``failed``, then report started, then serve the queue."""
+
+    @abc.abstractmethod
+    async def run_idle_unloads(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Unload runtimes idle past their keep-alive until cancelled (the server's lifespan
+        starts it next to :meth:`run_jobs`); never one that is busy, holds a live handoff or a
+        pinned in-memory state."""
+
+    @abc.abstractmethod
+    async def runtimes_listing(self) -> RuntimeList:
+        """Loaded runtimes (``GET /werk/v1/runtimes``)."""
 
     # OpenAI-compatible /v1 ---------------------------------------------------------------------
     @abc.abstractmethod

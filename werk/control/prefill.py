@@ -157,9 +157,14 @@ class PrefillFlow:
 
     async def prefill(self, principal: str, request: PrefillRequest) -> PrefillResponse:
         spec = self.s.spec(request.model)
+        with await self.s.runtimes.use(spec) as use:  # busy: no idle unload meanwhile
+            return await self._prefill(principal, request, spec, use.runtime)
+
+    async def _prefill(
+        self, principal: str, request: PrefillRequest, spec: ModelSpec, runtime: Runtime
+    ) -> PrefillResponse:
         effective = effective_prefill_policy(request, self.s.config.persistence_defaults)
         policy, allow = effective.policy, effective.allow_experimental
-        runtime = await self.s.runtimes.get(spec)
         self.s.forget_dead_generations()
         gate(
             await self.s.rows_for(spec, runtime),
@@ -307,17 +312,18 @@ class PrefillFlow:
             rows = await self.s.rows_for(runtime.model, runtime)
             # The opt-in was given at prefill; decode accepts supported or experimental.
             gate(rows, CapabilityId.PD_DECODE, allow_experimental=True)
-            outcome: DecodeOutcome = await self.s.pm.call_operation(
-                Operation.DECODE,
-                runtime,
-                call=DecodeCall(
-                    state=live.state,
-                    max_tokens=request.max_tokens,
-                    temperature=request.temperature,
-                    seed=request.seed,
-                    stop=request.stop,
-                ),
-            )
+            with self.s.runtimes.hold(runtime):
+                outcome: DecodeOutcome = await self.s.pm.call_operation(
+                    Operation.DECODE,
+                    runtime,
+                    call=DecodeCall(
+                        state=live.state,
+                        max_tokens=request.max_tokens,
+                        temperature=request.temperature,
+                        seed=request.seed,
+                        stop=request.stop,
+                    ),
+                )
             text = bound_completion_text(outcome.text)
             handoff = None
             if outcome.state is not None:

@@ -1,16 +1,25 @@
-"""Owning live runtimes: one per configured model, started on demand, restarted with backoff.
+"""Owning live runtimes: one per configured model, started on demand, restarted with backoff,
+unloaded when idle past their keep-alive.
 
 A runtime that its plugin marks dead (``runtime.alive = False``) is stopped and reaped on the
 next request for its model, and a new one (with a new process generation) is started — unless
 the previous start failed less than the backoff interval ago, in which case the request fails
 fast with a retryable ``unavailable``.
+
+**Keep-alive.** Work on a runtime holds a :class:`Use` (:meth:`RuntimeManager.use`: taken under
+the model's lock, so an unload never races a start of work); when the last use ends, the runtime
+is idle until ``now + keep_alive`` (the server's ``--keep-alive``, or the keep-alive of the
+request that ended last, like Ollama's ``keep_alive``). ``0`` unloads right after the work,
+``None`` never. :meth:`RuntimeManager.unload_idle` stops runtimes idle past that point, skipping
+any the caller protects (a live handoff, a pinned in-memory state).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import anyio
 
@@ -18,21 +27,85 @@ from ..backends import ModelSpec, Runtime
 from ..plugins import WerkPluginManager
 from ..protocol import CapabilityId, Unavailable, WerkError
 
-__all__ = ["RuntimeManager"]
+__all__ = ["DEFAULT_KEEP_ALIVE_SECONDS", "KeepAlive", "RuntimeEntry", "RuntimeManager", "Use"]
 
 log = logging.getLogger("werk.runtimes")
 
 BACKOFF_INITIAL_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
+DEFAULT_KEEP_ALIVE_SECONDS = 300.0
+"""``werk serve --keep-alive``'s default (5 minutes, as Ollama)."""
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """A request's own keep-alive: ``seconds`` idle before unloading, ``None`` = never."""
+
+    seconds: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeEntry:
+    """One loaded runtime as ``werk ps`` shows it.
+
+    :ivar started_at: wall-clock seconds when it was started.
+    :ivar busy: uses in progress (requests, streams, prefills…).
+    :ivar idle_until: wall-clock seconds when it will be unloaded if nothing uses it; ``None``
+        while busy or when its keep-alive is "never".
+    :ivar keep_alive: the keep-alive that applies when it next goes idle (``None``: never).
+    """
+
+    runtime: Runtime
+    started_at: float
+    busy: int
+    idle_until: float | None
+    keep_alive: float | None
+
+
+class Use:
+    """Work in progress on one runtime; :meth:`release` (idempotent) starts its idle time."""
+
+    def __init__(self, manager: RuntimeManager, runtime: Runtime) -> None:
+        self._manager: RuntimeManager | None = manager
+        self.runtime = runtime
+
+    def release(self, keep_alive: KeepAlive | None = None) -> None:
+        """End the use; ``keep_alive`` (a request's own) replaces the server's for this
+        runtime from now on, like Ollama's ``keep_alive``."""
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            manager._release(self.runtime, keep_alive)
+
+    def __enter__(self) -> Use:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 class RuntimeManager:
     """Starts, caches and stops runtimes through their backends' descriptors."""
 
-    def __init__(self, pm: WerkPluginManager, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        pm: WerkPluginManager,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        keep_alive: float | None = DEFAULT_KEEP_ALIVE_SECONDS,
+    ):
+        if keep_alive is not None and keep_alive < 0:
+            raise ValueError("keep_alive must be >= 0 seconds or None (never)")
         self._pm = pm
         self._clock = clock
+        self._wall = wall
+        self.keep_alive = keep_alive
         self._runtimes: dict[str, Runtime] = {}
+        self._started: dict[str, float] = {}
+        self._busy: dict[str, int] = {}
+        self._idle_until: dict[str, float | None] = {}
+        self._keep: dict[str, float | None] = {}
+        self._released: anyio.Event | None = None
         self._locks: dict[str, anyio.Lock] = {}
         self._failures: dict[str, tuple[int, float]] = {}
         self._retired: set[str] = set()
@@ -63,15 +136,126 @@ class RuntimeManager:
         return descriptor is not None and descriptor.start is not None
 
     async def get(self, spec: ModelSpec) -> Runtime:
-        """The live runtime for ``spec``, starting (or restarting) it when needed."""
+        """The live runtime for ``spec``, starting (or restarting) it when needed. It starts
+        idle (its keep-alive runs); work on it should hold a :meth:`use`."""
         lock = self._locks.setdefault(spec.id, anyio.Lock())
         async with lock:
-            current = self._runtimes.get(spec.id)
-            if current is not None and current.alive and current.model == spec:
-                return current
-            if current is not None:
-                await self._stop(spec.id, current)
-            return await self._start(spec)
+            return await self._get_locked(spec)
+
+    async def use(self, spec: ModelSpec) -> Use:
+        """The live runtime for ``spec`` (started when needed), held busy until the returned
+        :class:`Use` is released: an idle unload never stops it meanwhile."""
+        lock = self._locks.setdefault(spec.id, anyio.Lock())
+        async with lock:
+            runtime = await self._get_locked(spec)
+            self._busy[spec.id] = self._busy.get(spec.id, 0) + 1
+            self._idle_until[spec.id] = None
+            return Use(self, runtime)
+
+    def hold(self, runtime: Runtime) -> Use:
+        """Hold a runtime found some other way (a handoff's generation) busy."""
+        model = runtime.model.id
+        if self._runtimes.get(model) is runtime:
+            self._busy[model] = self._busy.get(model, 0) + 1
+            self._idle_until[model] = None
+        return Use(self, runtime)
+
+    def _release(self, runtime: Runtime, keep_alive: KeepAlive | None) -> None:
+        model = runtime.model.id
+        if self._runtimes.get(model) is not runtime:
+            return  # stopped or replaced meanwhile
+        busy = max(0, self._busy.get(model, 0) - 1)
+        self._busy[model] = busy
+        if keep_alive is not None:
+            self._keep[model] = keep_alive.seconds
+        if busy == 0:
+            self._idle_until[model] = self._deadline(model)
+            if self._released is not None:
+                self._released.set()
+
+    async def wait_for_release(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, waking early when a runtime's last use ends."""
+        self._released = anyio.Event()
+        with anyio.move_on_after(timeout):
+            await self._released.wait()
+        self._released = None
+
+    def _deadline(self, model: str) -> float | None:
+        keep = self._keep.get(model, self.keep_alive)
+        return None if keep is None else self._clock() + keep
+
+    async def _get_locked(self, spec: ModelSpec) -> Runtime:
+        current = self._runtimes.get(spec.id)
+        if current is not None and current.alive and current.model == spec:
+            return current
+        if current is not None:
+            await self._stop(spec.id, current)
+        runtime = await self._start(spec)
+        self._started[spec.id] = self._wall()
+        self._busy[spec.id] = 0
+        self._keep.pop(spec.id, None)
+        self._idle_until[spec.id] = self._deadline(spec.id)
+        return runtime
+
+    def entries(self) -> list[RuntimeEntry]:
+        """Every alive runtime with its keep-alive bookkeeping (for ``GET /werk/v1/runtimes``)."""
+        now, wall = self._clock(), self._wall()
+        out = []
+        for model, runtime in sorted(self._runtimes.items()):
+            if not runtime.alive:
+                continue
+            until = self._idle_until.get(model)
+            out.append(
+                RuntimeEntry(
+                    runtime=runtime,
+                    started_at=self._started.get(model, wall),
+                    busy=self._busy.get(model, 0),
+                    idle_until=None if until is None else wall + max(0.0, until - now),
+                    keep_alive=self._keep.get(model, self.keep_alive),
+                )
+            )
+        return out
+
+    def seconds_to_next_unload(self) -> float | None:
+        """Seconds until the earliest idle runtime is due to be unloaded (``None``: none is)."""
+        due = [
+            until
+            for model, until in self._idle_until.items()
+            if until is not None and model in self._runtimes and not self._busy.get(model)
+        ]
+        return None if not due else max(0.0, min(due) - self._clock())
+
+    async def unload_idle(self, protected: Collection[str] = ()) -> list[str]:
+        """Stop every runtime idle past its keep-alive, except those whose generation is in
+        ``protected``; returns the model ids stopped. A runtime that became busy (or whose lock
+        is held by a start or another stop) in the meantime is left alone."""
+        stopped = []
+        for model in list(self._runtimes):
+            until = self._idle_until.get(model)
+            if until is None or until > self._clock() or self._busy.get(model):
+                continue
+            lock = self._locks.setdefault(model, anyio.Lock())
+            if lock.locked():
+                continue
+            async with lock:
+                runtime = self._runtimes.get(model)
+                until = self._idle_until.get(model)
+                if (
+                    runtime is None
+                    or self._busy.get(model)
+                    or until is None
+                    or until > self._clock()
+                    or runtime.generation in protected
+                ):
+                    continue
+                log.info(
+                    "unloading model %s (generation %s): idle past its keep-alive",
+                    model,
+                    runtime.generation,
+                )
+                await self._stop(model, runtime)
+                stopped.append(model)
+        return stopped
 
     async def _start(self, spec: ModelSpec) -> Runtime:
         descriptor = self._pm.backends.get(spec.backend)
@@ -116,6 +300,8 @@ class RuntimeManager:
 
     async def _stop(self, model_id: str, runtime: Runtime) -> None:
         self._runtimes.pop(model_id, None)
+        for table in (self._started, self._busy, self._idle_until, self._keep):
+            table.pop(model_id, None)
         self._retired.add(runtime.generation)
         descriptor = self._pm.backends.get(runtime.backend)
         if descriptor is None or descriptor.stop is None:

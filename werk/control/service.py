@@ -36,6 +36,7 @@ from ..backends import (
 from ..capabilities import capability_contexts, host_capabilities
 from ..experts.engine import ExpertEngine
 from ..memory.manager import MemoryManager
+from ..memory.telemetry import process_tree_rss
 from ..models import ModelManifest
 from ..plugins import WerkPluginManager
 from ..protocol import (
@@ -77,6 +78,7 @@ from ..protocol import (
     WerkError,
     rfc3339,
 )
+from ..protocol.residency import RuntimeInfo, RuntimeList, parse_keep_alive
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
@@ -86,7 +88,7 @@ from .context import ServiceConfig
 from .gates import gate
 from .interface import StateQuery, WerkControl
 from .prefill import PrefillFlow
-from .runtimes import RuntimeManager
+from .runtimes import KeepAlive, RuntimeManager, Use
 from .states import StateViews
 from .volatile import VolatileStates
 
@@ -99,6 +101,9 @@ JOB_KINDS: tuple[OpenAIRoute, ...] = ("audio.speech", "images.generations")
 _QueuedJob = tuple[str, str, OpenAIRoute, dict[str, Any]]
 """(job id, principal, route, validated body)."""
 JOB_QUEUE_SIZE = 256
+IDLE_CHECK_SECONDS = 1.0
+"""The idle unloader looks at least this often (and at each runtime's deadline, and whenever a
+use ends, so ``keep_alive: 0`` unloads right after the request)."""
 
 
 def _job_artifact(kind: OpenAIRoute, reply: OpenAIReply) -> tuple[bytes, str]:
@@ -137,7 +142,7 @@ class LocalControlService(WerkControl):
         unknown = sorted({s.backend for s in self._specs.values()} - set(pm.backends))
         if unknown:
             raise Unsupported(f"no loaded plugin provides backend(s): {', '.join(unknown)}")
-        self.runtimes = RuntimeManager(pm)
+        self.runtimes = RuntimeManager(pm, wall=clock, keep_alive=config.keep_alive_seconds)
         self.catalog = StateCatalog(config.home, clock=clock)
         self.volatile = VolatileStates(clock=clock)
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
@@ -227,6 +232,49 @@ class LocalControlService(WerkControl):
     async def memory(self) -> MemoryResponse:
         return await anyio.to_thread.run_sync(self.memory_manager.snapshot)
 
+    # -- loaded runtimes and keep-alive ------------------------------------------------------
+
+    async def runtimes_listing(self) -> RuntimeList:
+        entries = self.runtimes.entries()
+
+        def observed() -> list[int | None]:
+            return [
+                None if e.runtime.pid is None else process_tree_rss(e.runtime.pid) for e in entries
+            ]
+
+        rss = await anyio.to_thread.run_sync(observed)
+        now = self.clock()
+        return RuntimeList(
+            runtimes=[
+                RuntimeInfo(
+                    model=e.runtime.model.id,
+                    backend=e.runtime.backend,
+                    generation=e.runtime.generation,
+                    pid=e.runtime.pid,
+                    started_at=rfc3339(e.started_at),
+                    age_seconds=max(0, int(now - e.started_at)),
+                    busy=e.busy,
+                    idle_until=None if e.idle_until is None else rfc3339(e.idle_until),
+                    keep_alive_seconds=e.keep_alive,
+                    reserved_bytes=None,  # no backend supplies a memory requirement yet
+                    observed_bytes=bytes_,
+                )
+                for e, bytes_ in zip(entries, rss, strict=True)
+            ]
+        )
+
+    async def run_idle_unloads(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        while True:
+            due = self.runtimes.seconds_to_next_unload()
+            delay = IDLE_CHECK_SECONDS if due is None else min(IDLE_CHECK_SECONDS, due)
+            await self.runtimes.wait_for_release(delay)
+            protected = self.handoffs.generations_in_use() | self.volatile.pinned_generations()
+            if await self.runtimes.unload_idle(protected):
+                self.forget_dead_generations()
+
     # -- models ------------------------------------------------------------------------------
 
     async def models(self) -> ModelList:
@@ -288,9 +336,10 @@ class LocalControlService(WerkControl):
 
     async def _observed_engine(
         self, model: str, *, allow_experimental: bool
-    ) -> tuple[Runtime, ExpertEngine]:
+    ) -> tuple[Use, ExpertEngine]:
         """Gate ``runtime.experts.residency``, then refresh the model's engine from the
-        backend's own observations (the engine never discovers experts itself)."""
+        backend's own observations (the engine never discovers experts itself). The runtime
+        is held busy until the returned :class:`Use` is released."""
         spec = self.spec(model)
         runtime = self.runtimes.live().get(model)
         gate(
@@ -298,18 +347,24 @@ class LocalControlService(WerkControl):
             CapabilityId.EXPERTS_RESIDENCY,
             allow_experimental=allow_experimental,
         )
-        if runtime is None:
-            runtime = await self.runtimes.get(spec)
-        report: ExpertReport = await self.pm.call_operation(Operation.OBSERVE_EXPERTS, runtime)
+        use = await self.runtimes.use(spec)
+        try:
+            report: ExpertReport = await self.pm.call_operation(
+                Operation.OBSERVE_EXPERTS, use.runtime
+            )
+        except BaseException:
+            use.release()
+            raise
         engine = self._engines.setdefault(model, ExpertEngine(model))
         engine.observe(report.experts, complete=report.complete)
         for expert_id in report.accesses:
             engine.record_access(expert_id)
-        return runtime, engine
+        return use, engine
 
     async def experts(self, principal: str, model: str) -> ExpertList:
         # Reading observations changes nothing; an experimental capability may be inspected.
-        _, engine = await self._observed_engine(model, allow_experimental=True)
+        use, engine = await self._observed_engine(model, allow_experimental=True)
+        use.release()
         return engine.to_protocol()
 
     async def expert_action(
@@ -322,9 +377,19 @@ class LocalControlService(WerkControl):
         """Plan (dry run, the default) or apply a bounded expert move. Both need the opt-in:
         the engine claims the experts before the adapter moves them and changes its metadata
         only for the experts the adapter reports moved."""
-        runtime, engine = await self._observed_engine(
+        use, engine = await self._observed_engine(
             model, allow_experimental=request.allow_experimental
         )
+        with use:
+            return await self._move_experts(engine, use.runtime, action, request)
+
+    async def _move_experts(
+        self,
+        engine: ExpertEngine,
+        runtime: Runtime,
+        action: Literal["prefetch", "evict"],
+        request: ExpertActionRequest,
+    ) -> ExpertActionResult:
         if action == "prefetch":
             plan = engine.plan_prefetch(request.experts, target=request.target)
         else:
@@ -476,6 +541,10 @@ class LocalControlService(WerkControl):
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise InvalidRequest("'stream' must be a boolean")
+        keep_alive = None
+        if "keep_alive" in body:  # Werk's (Ollama's) field: never forwarded to the backend
+            body = dict(body)
+            keep_alive = KeepAlive(parse_keep_alive(body.pop("keep_alive")))
         spec = self.spec(model)
         descriptor = self.pm.backends[spec.backend]
         if route not in descriptor.routes:
@@ -483,18 +552,29 @@ class LocalControlService(WerkControl):
                 f"model {model!r} (backend {spec.backend!r}) does not serve "
                 f"/v1/{route.replace('.', '/')}"
             )
-        runtime = await self.runtimes.get(spec)
-        if started is not None:
-            await started()
-        call = OpenAICall(
-            route=route,
-            body=body,
-            stream=stream,
-            cache_salt=cache_salt(self.config.namespace_key, principal),
-        )
-        reply: OpenAIReply = await self.pm.call_operation(Operation.OPENAI, runtime, call=call)
-        if reply.stream is not None:
-            return OpenAIReply(stream=_ContainedStream(reply.stream, spec.backend))
+        use = await self.runtimes.use(spec)
+        try:
+            if started is not None:
+                await started()
+            call = OpenAICall(
+                route=route,
+                body=body,
+                stream=stream,
+                cache_salt=cache_salt(self.config.namespace_key, principal),
+            )
+            reply: OpenAIReply = await self.pm.call_operation(
+                Operation.OPENAI, use.runtime, call=call
+            )
+        except BaseException:
+            use.release(keep_alive)
+            raise
+        if reply.stream is not None:  # busy until the stream is closed
+            return OpenAIReply(
+                stream=_ContainedStream(
+                    reply.stream, spec.backend, on_close=lambda: use.release(keep_alive)
+                )
+            )
+        use.release(keep_alive)
         if route in ("images.generations", "images.edits") and body.get("response_format") == "url":
             return await self._images_by_url(principal, route, body, reply)
         return reply
@@ -541,9 +621,16 @@ class _ContainedStream:
     reply ends, fails or the client goes away, so plugins can rely on their ``aclose()``.
     """
 
-    def __init__(self, stream: AsyncIterator[bytes], backend: str) -> None:
+    def __init__(
+        self,
+        stream: AsyncIterator[bytes],
+        backend: str,
+        *,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self._stream = stream
         self._backend = backend
+        self._on_close = on_close
         self._closed = False
 
     def __aiter__(self) -> _ContainedStream:
@@ -564,10 +651,12 @@ class _ContainedStream:
         if self._closed:
             return
         self._closed = True
-        aclose = getattr(self._stream, "aclose", None)
-        if aclose is None:
-            return
         try:
-            await aclose()
+            aclose = getattr(self._stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
         except Exception:
             log.exception("closing the streamed reply of backend %r failed", self._backend)
+        finally:
+            if self._on_close is not None:
+                self._on_close()

@@ -118,6 +118,17 @@ class VolatileStates:
                 and (pinned is None or s.pinned == pinned)
             ]
 
+    def pinned_generations(self) -> frozenset[str]:
+        """Generations holding a pinned, unexpired volatile state (of any principal): an idle
+        unload would destroy it, so such a runtime stays loaded."""
+        now = self._clock()
+        with self._lock:
+            return frozenset(
+                s.envelope.generation
+                for s in self._states.values()
+                if s.pinned and not s.expired(now)
+            )
+
     def get(self, principal: str, state_id: str) -> VolatileState:
         now = self._clock()
         with self._lock:

@@ -26,17 +26,18 @@ __all__ = ["build_app"]
 
 
 def build_app(control: WerkControl, auth: Authenticator) -> Starlette:
-    """Assemble the application. Its lifespan runs ``control``'s job queue and then closes
-    ``control`` (stopping every runtime)."""
+    """Assemble the application. Its lifespan runs ``control``'s job queue and idle unloader
+    and then closes ``control`` (stopping every runtime)."""
     document = encode(openapi_document())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
-            async with anyio.create_task_group() as jobs:
-                await jobs.start(control.run_jobs)  # interrupted jobs marked failed first
+            async with anyio.create_task_group() as background:
+                await background.start(control.run_jobs)  # interrupted jobs marked failed first
+                await background.start(control.run_idle_unloads)
                 yield
-                jobs.cancel_scope.cancel()
+                background.cancel_scope.cancel()
         finally:
             await control.aclose()
 

@@ -37,6 +37,7 @@ from ..protocol import (
     PruneResult,
     ResidencyRequest,
     ResidencyResult,
+    RuntimeList,
     StateList,
     StateSummary,
     Tier,
@@ -136,6 +137,11 @@ async def _capabilities(c: Call) -> CapabilitiesResponse:
 async def _memory(c: Call) -> MemoryResponse:
     c.query()
     return await c.control.memory()
+
+
+async def _runtimes(c: Call) -> RuntimeList:
+    c.query()
+    return await c.control.runtimes_listing()
 
 
 async def _models(c: Call) -> ModelList:
@@ -242,6 +248,9 @@ ROUTE_SPECS: tuple[RouteSpec, ...] = (
     RouteSpec("GET", f"{P}/capabilities", _capabilities, "Capability matrix", CapabilitiesResponse),
     RouteSpec("GET", f"{P}/memory", _memory, "Memory telemetry and accounting", MemoryResponse),
     RouteSpec("GET", f"{P}/models", _models, "Configured models and residency", ModelList),
+    RouteSpec(
+        "GET", f"{P}/runtimes", _runtimes, "Loaded runtimes and their keep-alive", RuntimeList
+    ),
     RouteSpec(
         "POST",
         f"{P}/models/{{model}}/load",

@@ -53,6 +53,7 @@ __all__ = [
     "TelemetryError",
     "effective_host",
     "is_apple_silicon",
+    "process_tree_rss",
     "sample_accelerators",
     "sample_host",
     "sample_host_budget",
@@ -276,3 +277,20 @@ def _device_is_unified(lib: Any, handle: Any, name: str) -> bool:
 def _nvml_text(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text[:200]
+
+
+def process_tree_rss(pid: int) -> int | None:
+    """Resident bytes of process ``pid`` and all its descendants now (``werk ps``); ``None``
+    when it is gone or cannot be read. A page shared by two of them is counted twice."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except (psutil.Error, OSError):
+        return None
+    total = 0
+    for process in tree:
+        try:
+            total += process.memory_info().rss
+        except (psutil.Error, OSError):
+            continue  # exited meanwhile: its memory is gone too
+    return total

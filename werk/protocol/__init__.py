@@ -91,6 +91,8 @@ from .residency import (
     ModelList,
     ResidencyRequest,
     ResidencyResult,
+    RuntimeInfo,
+    RuntimeList,
 )
 from .states import (
     PinRequest,
@@ -185,6 +187,8 @@ __all__ = [
     "ReuseInfo",
     "ReuseOutcome",
     "ReuseUnavailable",
+    "RuntimeInfo",
+    "RuntimeList",
     "ServerInfo",
     "SkipReason",
     "StateList",

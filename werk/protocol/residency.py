@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import enum
+import math
+import re
 from typing import Annotated
 
 import msgspec
 
 from .base import Request, Response
+from .errors import InvalidRequest
 
 __all__ = [
     "MAX_EXPERTS_PER_REQUEST",
@@ -38,6 +41,34 @@ class ModelInfo(Response, frozen=True, kw_only=True):
 
 class ModelList(Response, frozen=True, kw_only=True):
     models: list[ModelInfo]
+
+
+class RuntimeInfo(Response, frozen=True, kw_only=True):
+    """One loaded runtime (``GET /werk/v1/runtimes``, ``werk ps``). Runtimes serve models, not
+    principals: nothing here belongs to a caller.
+
+    ``idle_until`` is when it is unloaded if nothing uses it (``null`` while busy, or when its
+    keep-alive is "never"); ``keep_alive_seconds`` is the keep-alive that applies when it next
+    goes idle (``null``: never). ``reserved_bytes`` is Werk's memory reservation for it
+    (``null`` until its backend supplies a memory requirement); ``observed_bytes`` the resident
+    memory of its process tree now (``null`` without a process or when it cannot be read).
+    """
+
+    model: str
+    backend: str
+    generation: str
+    pid: int | None
+    started_at: str
+    age_seconds: int
+    busy: int
+    idle_until: str | None
+    keep_alive_seconds: float | None
+    reserved_bytes: int | None
+    observed_bytes: int | None
+
+
+class RuntimeList(Response, frozen=True, kw_only=True):
+    runtimes: list[RuntimeInfo]
 
 
 class ResidencyRequest(Request, frozen=True, kw_only=True):
@@ -95,3 +126,50 @@ class ExpertActionResult(Response, frozen=True, kw_only=True):
     planned: list[ExpertAction]
     applied: list[ExpertAction]
     skipped: list[ExpertSkip]
+
+
+KEEP_ALIVE_MAX_SECONDS = 30 * 86400
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: object) -> float | None:
+    """A keep-alive as ``werk serve --keep-alive`` and a ``/v1`` body's ``keep_alive`` accept it
+    (Ollama's forms): seconds as a number or numeric string, or a duration such as ``"300ms"``,
+    ``"10s"``, ``"5m"``, ``"1h30m"``; ``0`` unloads right after the request; any negative value
+    (``-1``, ``"-1m"``) keeps the model loaded forever (returns ``None``).
+
+    :raises werk.InvalidRequest: anything else, or more than 30 days (use ``-1`` for never).
+    """
+    seconds: float
+    if isinstance(value, bool):
+        raise InvalidRequest("'keep_alive' must be a number of seconds or a duration like '5m'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        negative = text.startswith("-")
+        body = text[1:] if negative else text
+        try:
+            seconds = float(body)
+        except ValueError:
+            parts = _DURATION_PART.findall(body)
+            if not body or "".join(n + u for n, u in parts) != body:
+                raise InvalidRequest(
+                    f"'keep_alive' {value!r} is not a duration (examples: 300, '10s', '5m', "
+                    "'1h30m', 0, -1)"
+                ) from None
+            seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+        if negative:
+            seconds = -seconds if seconds else -1.0
+    else:
+        raise InvalidRequest("'keep_alive' must be a number of seconds or a duration like '5m'")
+    if not math.isfinite(seconds):
+        raise InvalidRequest("'keep_alive' must be finite")
+    if seconds < 0:
+        return None
+    if seconds > KEEP_ALIVE_MAX_SECONDS:
+        raise InvalidRequest(
+            f"'keep_alive' may be at most {KEEP_ALIVE_MAX_SECONDS} seconds; use -1 for never"
+        )
+    return seconds

@@ -222,6 +222,17 @@ class HandoffRegistry:
                 and slot.binding.state_id is not None
             )
 
+    def generations_in_use(self) -> frozenset[str]:
+        """Generations a live or in-use handoff is bound to (such a runtime must not be
+        unloaded for being idle: its handoff would die with it)."""
+        with self._lock:
+            now = self._clock()
+            return frozenset(
+                slot.binding.envelope.generation
+                for slot in self._slots.values()
+                if now < slot.expires_at and slot.binding is not None
+            )
+
     def occupied(self, principal: str | None = None) -> int:
         """Slots counted against the bounds right now (expired ones excluded)."""
         with self._lock:

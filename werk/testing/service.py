@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio
 
 from ..backends import ModelSpec
+from ..control.runtimes import DEFAULT_KEEP_ALIVE_SECONDS
 from ..control.service import LocalControlService, ServiceConfig
 from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import AuthMode
@@ -20,12 +21,18 @@ __all__ = ["local_service"]
 
 @contextlib.asynccontextmanager
 async def local_service(
-    models: Sequence[ModelSpec], *, home: Path, pm: WerkPluginManager | None = None
+    models: Sequence[ModelSpec],
+    *,
+    home: Path,
+    pm: WerkPluginManager | None = None,
+    keep_alive_seconds: float | None = DEFAULT_KEEP_ALIVE_SECONDS,
 ) -> AsyncIterator[LocalControlService]:
     """A control service serving ``models`` from ``home`` (unauthenticated local mode, a
     throw-away namespace key), closed afterwards: every runtime it started is stopped.
 
     :param pm: the plugin manager (default: a new one loading the ``werk`` entry points).
+    :param keep_alive_seconds: how long an idle runtime stays loaded (``None``: forever); the
+        idle unloader runs only where the caller starts ``service.run_idle_unloads``.
     """
     service = LocalControlService(
         pm if pm is not None else get_plugin_manager(),
@@ -34,6 +41,7 @@ async def local_service(
             models=list(models),
             auth_mode=AuthMode.UNAUTHENTICATED_LOCAL,
             namespace_key=NamespaceKey.ephemeral(),
+            keep_alive_seconds=keep_alive_seconds,
         ),
     )
     try:

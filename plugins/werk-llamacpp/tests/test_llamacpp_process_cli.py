@@ -95,6 +95,44 @@ def test_a_crashed_child_is_replaced_on_the_next_request(tmp_path: Path) -> None
         assert second.pid != first.pid
 
 
+def test_werk_ps_shows_the_runtime_until_its_keep_alive_expires(tmp_path: Path) -> None:
+    """``werk serve --keep-alive 2s``: ``werk ps --json`` lists the llama-server runtime with
+    its pid and memory; once idle past 2 s it is unloaded and its process is gone."""
+    home = tmp_path / "werk-home"
+    create_demo(home)
+
+    def ps(url: str) -> list[dict[str, object]]:
+        done = subprocess.run(
+            [str(WERK), "ps", "--json", "--server", url],
+            env=werk_env(home),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return list(json.loads(done.stdout)["runtimes"])
+
+    with (
+        werk_serve(home, ("--model", "demo", "--keep-alive", "2s")) as served,
+        served.client() as client,
+    ):
+        assert ps(served.base_url) == []
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        [runtime] = ps(served.base_url)
+        (child,) = llama_children(served.process.pid)
+        assert runtime["model"] == "demo" and runtime["backend"] == "llamacpp"
+        assert runtime["pid"] == child.pid and runtime["busy"] == 0
+        assert runtime["keep_alive_seconds"] == 2.0 and runtime["idle_until"] is not None
+        assert isinstance(runtime["observed_bytes"], int) and runtime["observed_bytes"] > 0
+        assert wait_until(lambda: ps(served.base_url) == [], timeout=15)
+        assert wait_until(lambda: gone(child.pid), timeout=15)
+        # The next request loads it again (a new process); its own keep_alive 0 unloads it at
+        # once after the answer.
+        body = {**CHAT, "keep_alive": 0}
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        assert wait_until(lambda: llama_children(served.process.pid) == [], timeout=15)
+        assert ps(served.base_url) == []
+
+
 def test_run_server_reuses_the_live_llama_server(tmp_path: Path) -> None:
     """``werk run --server`` goes through the running server's live worker: the process table
     shows the same single llama-server child before and after, and no llama-server is started

@@ -470,6 +470,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
                 f"llama.cpp slots v1 n_ctx={n_ctx} n_parallel={total_slots} "
                 f"state_slots={','.join(map(str, state_slots)) or 'none'}"
             ),
+            pid=child.pid,
         )
     except BaseException:
         child.kill_now()

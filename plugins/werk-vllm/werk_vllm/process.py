@@ -227,8 +227,9 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     )  # fmt: skip
     LIVE.add(handle)
     runtime = Runtime(
-        backend=spec.backend, model=spec, generation=generation, handle=handle, args=public
-    )
+        backend=spec.backend, model=spec, generation=generation, handle=handle, args=public,
+        pid=process.pid,
+    )  # fmt: skip
 
     def died(code: int) -> None:
         LIVE.discard(handle)

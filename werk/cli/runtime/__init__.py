@@ -23,7 +23,7 @@ from __future__ import annotations
 import typer
 
 from .._app import app
-from . import experts, handoff, info, memory, states
+from . import experts, handoff, info, memory, ps, states
 from ._common import DEFAULT_SERVER, SERVER_ENV
 from ._render import show
 from .memory import render_memory
@@ -55,3 +55,4 @@ runtime_app.command()(handoff.prefill)
 runtime_app.command()(handoff.decode)
 runtime_app.add_typer(experts.experts_app, name="experts")
 runtime_app.add_typer(states.states_app, name="states")
+app.command("ps")(ps.ps)  # top level, as `ollama ps` and `docker ps`

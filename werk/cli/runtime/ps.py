@@ -1,0 +1,83 @@
+"""``werk ps``: the runtimes a running ``werk serve`` has loaded (GET /werk/v1/runtimes)."""
+
+from __future__ import annotations
+
+from ...protocol import RuntimeList
+from ._common import (
+    DEFAULT_SERVER,
+    DEFAULT_TIMEOUT,
+    Connection,
+    JsonOpt,
+    KeyFileOpt,
+    ServerOpt,
+    TimeoutOpt,
+    respond,
+)
+from ._render import show, size, table
+
+__all__ = ["ps"]
+
+
+def ps(
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key_file: KeyFileOpt = None,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the models a running server has loaded: backend, process id, generation, age,
+    work in progress, when it unloads if left idle (`werk serve --keep-alive`, or a request's
+    own "keep_alive"), and memory (Werk's reservation; the process tree's resident bytes)."""
+    respond(
+        Connection(server, api_key_file, timeout),
+        as_json,
+        lambda client: client.runtimes(),
+        _print,
+    )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "forever"
+    if seconds < 60:
+        return f"{seconds:g}s"
+    if seconds < 3600:
+        return f"{seconds / 60:g}m"
+    return f"{seconds / 3600:g}h"
+
+
+def _print(listing: RuntimeList) -> None:
+    if not listing.runtimes:
+        show("No model is loaded. The first request for a model starts it.")
+        return
+    show(
+        table(
+            None,
+            [
+                "MODEL",
+                "BACKEND",
+                "PID",
+                "GENERATION",
+                "AGE",
+                "BUSY",
+                "UNLOADS AT",
+                "KEEP-ALIVE",
+                "RESERVED",
+                "OBSERVED",
+            ],
+            [
+                (
+                    r.model,
+                    r.backend,
+                    r.pid,
+                    r.generation,
+                    f"{r.age_seconds}s",
+                    r.busy,
+                    r.idle_until or ("when idle" if r.busy else "never"),
+                    _duration(r.keep_alive_seconds),
+                    size(r.reserved_bytes, "-"),
+                    size(r.observed_bytes, "-"),
+                )
+                for r in listing.runtimes
+            ],
+        )
+    )
