@@ -271,9 +271,13 @@ class LocalControlService(WerkControl):
             due = self.runtimes.seconds_to_next_unload()
             delay = IDLE_CHECK_SECONDS if due is None else min(IDLE_CHECK_SECONDS, due)
             await self.runtimes.wait_for_release(delay)
-            protected = self.handoffs.generations_in_use() | self.volatile.pinned_generations()
-            if await self.runtimes.unload_idle(protected):
-                self.forget_dead_generations()
+            try:
+                protected = self.handoffs.generations_in_use() | self.volatile.pinned_generations()
+                if await self.runtimes.unload_idle(protected):
+                    self.forget_dead_generations()
+            except Exception:  # a bug here must not take the server down; it is logged
+                log.exception("the idle unloader failed; it tries again")
+                await anyio.sleep(IDLE_CHECK_SECONDS)
 
     # -- models ------------------------------------------------------------------------------
 
