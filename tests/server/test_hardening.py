@@ -265,6 +265,22 @@ def test_header_deadline_option_defaults_and_bounds(tmp_path: Path) -> None:
         assert "serving on" not in result.stderr
 
 
+def test_keep_alive_option_refuses_what_is_not_a_duration(tmp_path: Path) -> None:
+    """``--keep-alive`` takes Ollama's forms; anything else is a usage error (exit 2, naming
+    the option) before anything is served."""
+    env = server_env(tmp_path, None)
+    for value in ("soon", "5x", "1h 2m", "31d", "nan"):
+        result = subprocess.run(
+            [str(WERK), "serve", "--port", str(free_port()), "--keep-alive", value],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, (value, result.stderr)
+        assert "--keep-alive" in result.stderr and "serving on" not in result.stderr
+
+
 # -- binding -------------------------------------------------------------------------------------
 
 
