@@ -25,9 +25,12 @@ readers omit it (fail closed); the next mutation's reconciliation quarantines or
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import math
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -224,24 +227,8 @@ def copy_verified_payload(pdir_fd: int, state_id: str, principal: str, sink_fd: 
     :raises Rejected: the state is invalid or its payload does not match.
     :raises FileNotFoundError: the state does not exist.
     """
-    sfd = open_dir(state_id, pdir_fd)
-    try:
-        check_private_dir(sfd, state_id)
-        state = inspect_open_state(sfd, state_id, principal)
-        fd, _ = open_private_file(PAYLOAD, sfd)
-    finally:
-        os.close(sfd)
-    with os.fdopen(fd, "rb", buffering=0) as stream:
-        digest = hashlib.sha256()
-        total = 0
-        buffer = bytearray(CHUNK)
-        with memoryview(buffer) as view:
-            while n := stream.readinto(buffer):
-                digest.update(view[:n])
-                write_all(sink_fd, view[:n])
-                total += n
-    if total != state.payload_bytes or digest.hexdigest() != state.payload_sha256:
-        raise Rejected("payload hash mismatch")
+    with _open_payload(pdir_fd, state_id, principal) as (stream, state):
+        _hash_payload(stream, state, lambda chunk: write_all(sink_fd, chunk))
 
 
 def open_verified_payload(pdir_fd: int, state_id: str, principal: str) -> BinaryIO:
@@ -253,6 +240,18 @@ def open_verified_payload(pdir_fd: int, state_id: str, principal: str) -> Binary
     :raises Rejected: the state is invalid or its payload does not match.
     :raises FileNotFoundError: the state does not exist.
     """
+    with _open_payload(pdir_fd, state_id, principal, keep_open=True) as (stream, state):
+        _hash_payload(stream, state, lambda chunk: None)
+        stream.seek(0)
+    return stream
+
+
+@contextlib.contextmanager
+def _open_payload(
+    pdir_fd: int, state_id: str, principal: str, *, keep_open: bool = False
+) -> Iterator[tuple[io.FileIO, StoredState]]:
+    """The state's payload stream (unbuffered) and its validated metadata; the stream is
+    closed on the way out unless ``keep_open`` and no error occurred."""
     sfd = open_dir(state_id, pdir_fd)
     try:
         check_private_dir(sfd, state_id)
@@ -262,17 +261,26 @@ def open_verified_payload(pdir_fd: int, state_id: str, principal: str) -> Binary
         os.close(sfd)
     stream = os.fdopen(fd, "rb", buffering=0)
     try:
-        digest = hashlib.sha256()
-        total = 0
-        buffer = bytearray(CHUNK)
-        with memoryview(buffer) as view:
-            while n := stream.readinto(buffer):
-                digest.update(view[:n])
-                total += n
-        if total != state.payload_bytes or digest.hexdigest() != state.payload_sha256:
-            raise Rejected("payload hash mismatch")
-        stream.seek(0)
+        yield stream, state
     except BaseException:
         stream.close()
         raise
-    return stream
+    if not keep_open:
+        stream.close()
+
+
+def _hash_payload(
+    stream: io.FileIO, state: StoredState, each: Callable[[memoryview], None]
+) -> None:
+    """Read ``stream`` to its end in ``CHUNK`` pieces, hand each to ``each`` and check size and
+    SHA-256 against the metadata."""
+    digest = hashlib.sha256()
+    total = 0
+    buffer = bytearray(CHUNK)
+    with memoryview(buffer) as view:
+        while n := stream.readinto(buffer):
+            digest.update(view[:n])
+            each(view[:n])
+            total += n
+    if total != state.payload_bytes or digest.hexdigest() != state.payload_sha256:
+        raise Rejected("payload hash mismatch")
