@@ -48,6 +48,7 @@ __all__ = [
     "LaunchOptions",
     "build_args",
     "check_native_args",
+    "last_value",
     "parse_options",
     "state_blockers",
 ]
@@ -269,7 +270,8 @@ def build_args(
     return BuiltArgs(argv=argv, public=public, n_parallel=n_parallel)
 
 
-def _last_value(argv: Sequence[str], *spellings: str) -> str | None:
+def last_value(argv: Sequence[str], *spellings: str) -> str | None:
+    """The value of the last of ``spellings`` in ``argv`` (llama.cpp's parser: the last wins)."""
     value = None
     for i, token in enumerate(argv[:-1]):
         if canonical_flag(token) in spellings:
@@ -286,7 +288,7 @@ def state_blockers(built: BuiltArgs, inspection: Inspection) -> list[str]:
     reasons = [f"inspection: {p}" for p in inspection.problems]
     if "--slot-save-path" not in built.argv:
         reasons.append("no private --slot-save-path")
-    cache_ram = _last_value(built.argv, "-cram", "--cache-ram")
+    cache_ram = last_value(built.argv, "-cram", "--cache-ram")
     if inspection.advertises("--cache-ram") and cache_ram != "0":
         reasons.append("the native arguments re-enable the host-RAM prompt cache (--cache-ram)")
     return reasons

@@ -1,0 +1,145 @@
+"""How much host memory one llama-server child needs: computed before it is started.
+
+Issue 16's first piece: the requirement an admission check can reserve. It comes from the GGUF
+header (read through ``gguf.GGUFReader``, which maps the file and parses only the metadata and
+tensor directory: ~20 ms for a 707 MB model) and from the child's effective arguments:
+
+``total = weights + kv_cache + compute``
+
+* **weights**: the sum of the tensor data sizes in the tensor directory (llama.cpp maps the
+  file; every page it reads becomes resident).
+* **kv_cache**: ``n_ctx × n_layer × (n_embd_k_gqa × size(type_k) + n_embd_v_gqa × size(type_v))``
+  with ``n_ctx`` the child's whole ``-c`` (Werk passes the per-slot context times the slot
+  count, state slot included), ``n_embd_k_gqa = n_head_kv × key_length`` (``key_length`` defaults
+  to ``n_embd / n_head``; ``value_length`` likewise) and the cache types of ``-ctk``/``-ctv``
+  (default ``f16``). Quantized cache types count their block size (``q8_0``: 34 bytes per 32
+  values).
+* **compute**: a margin for llama.cpp's compute buffers and the server's own state:
+  ``64 MiB + n_ubatch × (n_vocab + n_ff + 4 × n_embd) × 4 bytes`` (``-ub``, default 512): the
+  logits, the feed-forward and attention activations of one micro-batch in f32, plus the
+  process's fixed overhead (threads, HTTP server, tokenizer).
+
+``benchmarks/llamacpp_memory_requirement.py`` prints this estimate next to the child's observed
+peak RSS for the tiny and the medium demo models. Only the ``llama`` family's key names are read
+(``<arch>.block_count`` …, for the architecture the header names); a header without them is
+refused (``invalid_request``) rather than guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from werk import InvalidRequest
+
+from .args import last_value
+
+__all__ = ["COMPUTE_FIXED_BYTES", "MemoryRequirement", "requirement_for"]
+
+COMPUTE_FIXED_BYTES = 64 * 1024 * 1024
+DEFAULT_UBATCH = 512
+MAX_REQUIREMENT_BYTES = 1 << 50
+"""A requirement above 1 PiB means a corrupt header, not a model."""
+
+_CACHE_TYPE_BYTES = {
+    # bytes per value: block size over values per block (ggml's block layouts)
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+}
+
+
+@dataclass(frozen=True)
+class MemoryRequirement:
+    """Bytes one child needs (see the module docstring for each part)."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    compute_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes + self.compute_bytes
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    value = field.parts[field.data[0]]
+    if len(value) == 1:
+        return value[0].item()
+    return bytes(value).decode("utf-8", "replace")
+
+
+def _positive_int(reader: Any, key: str, default: int | None = None) -> int:
+    value = _field(reader, key)
+    if value is None:
+        value = default
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InvalidRequest(f"the GGUF header has no usable {key!r}")
+    return value
+
+
+def _cache_type_bytes(argv: Sequence[str], *spellings: str) -> float:
+    name = (last_value(argv, *spellings) or "f16").lower()
+    size = _CACHE_TYPE_BYTES.get(name)
+    if size is None:
+        raise InvalidRequest(f"unknown KV cache type {name!r} in the llama-server arguments")
+    return size
+
+
+def requirement_for(model: Path, argv: Sequence[str]) -> MemoryRequirement:
+    """The requirement of a child started with ``argv`` on the GGUF file ``model``.
+
+    :raises werk.InvalidRequest: the file is not a readable GGUF with the needed metadata, or
+        the arguments name an unknown cache type or an unusable context.
+    """
+    import gguf  # imported when used: a large module, only needed before a start
+
+    try:
+        reader = gguf.GGUFReader(str(model))
+    except Exception as exc:  # any parse failure of an untrusted file: refused, never a crash
+        raise InvalidRequest(
+            f"{model.name} is not a readable GGUF file ({type(exc).__name__})"
+        ) from None
+    arch = _field(reader, "general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise InvalidRequest("the GGUF header names no architecture")
+    n_layer = _positive_int(reader, f"{arch}.block_count")
+    n_embd = _positive_int(reader, f"{arch}.embedding_length")
+    n_head = _positive_int(reader, f"{arch}.attention.head_count")
+    n_head_kv = _positive_int(reader, f"{arch}.attention.head_count_kv", n_head)
+    key_length = _positive_int(reader, f"{arch}.attention.key_length", n_embd // n_head)
+    value_length = _positive_int(reader, f"{arch}.attention.value_length", n_embd // n_head)
+    n_ff = _positive_int(reader, f"{arch}.feed_forward_length", 4 * n_embd)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    n_vocab = _positive_int(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else None)
+    weights = sum(int(tensor.n_bytes) for tensor in reader.tensors)
+
+    ctx = last_value(argv, "-c", "--ctx-size")
+    ubatch = last_value(argv, "-ub", "--ubatch-size")
+    try:
+        n_ctx = int(ctx) if ctx is not None else _positive_int(reader, f"{arch}.context_length")
+        n_ubatch = int(ubatch) if ubatch is not None else DEFAULT_UBATCH
+    except ValueError:
+        raise InvalidRequest("the llama-server arguments carry a non-numeric -c or -ub") from None
+    if n_ctx <= 0 or n_ubatch <= 0:
+        raise InvalidRequest("the llama-server arguments carry a non-positive -c or -ub")
+    per_token_layer = n_head_kv * key_length * _cache_type_bytes(
+        argv, "-ctk", "--cache-type-k"
+    ) + n_head_kv * value_length * _cache_type_bytes(argv, "-ctv", "--cache-type-v")
+    kv = int(n_ctx * n_layer * per_token_layer)
+    compute = COMPUTE_FIXED_BYTES + n_ubatch * (n_vocab + n_ff + 4 * n_embd) * 4
+    requirement = MemoryRequirement(weights, kv, compute)
+    if not 0 < requirement.total_bytes <= MAX_REQUIREMENT_BYTES:
+        raise InvalidRequest("the GGUF header describes an implausible model size")
+    return requirement
