@@ -308,3 +308,21 @@ def test_stop_group_also_stops_helpers_that_outlive_a_leader_that_obeyed() -> No
     assert stop_group(leader, grace=5) == -signal.SIGTERM
     _gone(helper)
     assert stop_group(leader) == -signal.SIGTERM  # idempotent
+
+
+@pytest.mark.anyio
+async def test_a_stop_request_right_after_spawn_is_never_lost(tmp_path: Path) -> None:
+    """SIGTERM that reaches a guarded process while it is starting (before the guardian forks,
+    or while the child is still the shim) stops it: the shim blocks SIGTERM across the fork and
+    passes a pending one on, so the guardian never waits out its grace for a program that
+    missed the request."""
+    for attempt in range(20):
+        sleeper = SupervisedProcess.spawn(
+            ["sleep", "60"], log_path=tmp_path / f"s{attempt}", guard_group=True
+        )
+        await anyio.sleep(attempt * 0.002)  # land in a different moment of the start each time
+        started = time.monotonic()
+        code = await sleeper.terminate(grace=5)
+        assert code != -signal.SIGKILL, f"attempt {attempt}: the stop request was lost"
+        assert code in (128 + signal.SIGTERM, -signal.SIGTERM), (attempt, code)
+        assert time.monotonic() - started < 5

@@ -78,7 +78,11 @@ READY_POLL_FAST_PERIOD = 1.0
 # guard "1": the shim stays as the group's guardian: it runs the program as its own child, and
 # when Werk dies (parent-death signal SIGUSR2) SIGKILLs the whole process group, helpers the
 # program started included; when the program exits it exits with the program's status
-# (128 + N for a signal N), and Werk then stops the rest of the group.
+# (128 + N for a signal N), and Werk then stops the rest of the group. SIGTERM and SIGINT are
+# blocked across the fork, so one that arrives while the child is still the shim is delivered
+# to it with the default action when it unblocks them, and one that reached the guardian
+# before the fork is passed on to the child (before, both were ignored and a stop request
+# could be lost); the guardian itself ignores them and waits for the program.
 _PDEATHSIG_SHIM = (
     "import ctypes,os,signal,sys\n"
     "guard=sys.argv[2]=='1'\n"
@@ -92,11 +96,16 @@ _PDEATHSIG_SHIM = (
     " except OSError as e:\n"
     "  print('werk: cannot execute',sys.argv[3],e,file=sys.stderr); os._exit(127)\n"
     "if not guard: run()\n"
-    "signal.signal(signal.SIGTERM,signal.SIG_IGN); signal.signal(signal.SIGINT,signal.SIG_IGN)\n"
+    "stop={signal.SIGTERM,signal.SIGINT}\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK,stop)\n"
     "pid=os.fork()\n"
     "if pid==0:\n"
     " signal.signal(signal.SIGTERM,signal.SIG_DFL); signal.signal(signal.SIGINT,signal.SIG_DFL)\n"
-    " signal.signal(signal.SIGUSR2,signal.SIG_DFL); run()\n"
+    " signal.signal(signal.SIGUSR2,signal.SIG_DFL)\n"
+    " signal.pthread_sigmask(signal.SIG_UNBLOCK,stop); run()\n"
+    "for n in signal.sigpending()&stop: os.kill(pid,n)\n"
+    "signal.signal(signal.SIGTERM,signal.SIG_IGN); signal.signal(signal.SIGINT,signal.SIG_IGN)\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK,stop)\n"
     "while True:\n"
     " try: _,status=os.waitpid(pid,0); break\n"
     " except InterruptedError: continue\n"
