@@ -1,10 +1,10 @@
 """A small HTTP/1.1 client for a backend child on loopback, built for the ``/v1`` hot path.
 
-Every ``/v1`` request Werk relays crosses one loopback hop to the child. A general-purpose client
-(httpx with httpcore and h11) spends about 1.4 ms per request on that hop on a 2-core machine
-(``benchmarks/llamacpp_proxy_overhead.py``); this client does the one thing the hop needs —
-send a complete request, read a ``Content-Length``, chunked or close-delimited response — in a
-few dozen microseconds, over pooled keep-alive connections.
+Every ``/v1`` request Werk relays crosses one loopback hop to the child. It needs one thing: send
+a complete request, read a ``Content-Length``, chunked or close-delimited response, over pooled
+keep-alive connections. Against a trivial server on a 2-core machine
+(``benchmarks/loopback_client.py``) httpx (with httpcore and h11) takes 1.17 ms per request,
+hand-written asyncio streams 0.27 ms and this client 0.30 ms.
 
 What it guarantees:
 
