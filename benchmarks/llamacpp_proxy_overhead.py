@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,21 +156,33 @@ def _post(client: httpx.Client, body: dict[str, Any]) -> float:
     return elapsed
 
 
-def sequential(werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int) -> None:
+def interleaved(
+    werk: httpx.Client,
+    direct: httpx.Client,
+    measure: Callable[[httpx.Client], float],
+    rounds: int,
+    warmup: int,
+) -> tuple[list[float], list[float]]:
+    """``measure`` each side in turn (Werk, direct, Werk, …) after ``warmup`` untimed pairs."""
     for _ in range(warmup):
-        _post(werk, CHAT)
-        _post(direct, CHAT)
+        measure(werk)
+        measure(direct)
     through, straight = [], []
     for _ in range(rounds):
-        through.append(_post(werk, CHAT))
-        straight.append(_post(direct, CHAT))
-    print(f"sequential: {rounds} short non-streamed chats per side (interleaved, keep-alive)")
+        through.append(measure(werk))
+        straight.append(measure(direct))
     for name, values in (("werk  ", through), ("direct", straight)):
         print(
             f"  {name} p50 {statistics.median(values) * 1e3:7.3f} ms"
             f"  p90 {percentile(values, 0.9) * 1e3:7.3f} ms"
             f"  mean {statistics.fmean(values) * 1e3:7.3f} ms"
         )
+    return through, straight
+
+
+def sequential(werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int) -> None:
+    print(f"sequential: {rounds} short non-streamed chats per side (interleaved, keep-alive)")
+    through, straight = interleaved(werk, direct, lambda c: _post(c, CHAT), rounds, warmup)
     added = (statistics.median(through) - statistics.median(straight)) * 1e3
     ratio = statistics.median(through) / statistics.median(straight)
     print(f"  added p50 {added:+.3f} ms   p50 ratio werk/direct {ratio:.3f}")
@@ -201,19 +213,8 @@ def _first_byte(client: httpx.Client, body: dict[str, Any]) -> float:
 
 def streamed(werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int) -> None:
     body = {**CHAT, "stream": True}
-    for _ in range(warmup):
-        _first_byte(werk, body)
-        _first_byte(direct, body)
-    through, straight = [], []
-    for _ in range(rounds):
-        through.append(_first_byte(werk, body))
-        straight.append(_first_byte(direct, body))
     print(f"streamed: {rounds} short streamed chats per side, time to the first content byte")
-    for name, values in (("werk  ", through), ("direct", straight)):
-        print(
-            f"  {name} p50 {statistics.median(values) * 1e3:7.3f} ms"
-            f"  p90 {percentile(values, 0.9) * 1e3:7.3f} ms"
-        )
+    through, straight = interleaved(werk, direct, lambda c: _first_byte(c, body), rounds, warmup)
     added = (statistics.median(through) - statistics.median(straight)) * 1e3
     print(f"  added p50 to the first content byte {added:+.3f} ms")
 

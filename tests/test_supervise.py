@@ -311,7 +311,9 @@ def test_stop_group_also_stops_helpers_that_outlive_a_leader_that_obeyed() -> No
 
 
 @pytest.mark.anyio
-async def test_a_stop_request_right_after_spawn_is_never_lost(tmp_path: Path) -> None:
+async def test_stop_requests_at_varied_moments_of_a_guarded_start_are_honoured(
+    tmp_path: Path,
+) -> None:
     """SIGTERM that reaches a guarded process while it is starting (before the guardian forks,
     or while the child is still the shim) stops it: the shim blocks SIGTERM across the fork and
     passes a pending one on, so the guardian never waits out its grace for a program that
