@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from typing import Annotated
 
 import msgspec
 
 from .base import Request, Response
+from .durations import parse_duration_seconds
 from .errors import InvalidRequest
 
 __all__ = [
@@ -129,43 +129,35 @@ class ExpertActionResult(Response, frozen=True, kw_only=True):
 
 
 KEEP_ALIVE_MAX_SECONDS = 30 * 86400
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_keep_alive(value: object) -> float | None:
     """A keep-alive as ``werk serve --keep-alive`` and a ``/v1`` body's ``keep_alive`` accept it
     (Ollama's forms): seconds as a number or numeric string, or a duration such as ``"300ms"``,
-    ``"10s"``, ``"5m"``, ``"1h30m"``; ``0`` unloads right after the request; any negative value
-    (``-1``, ``"-1m"``) keeps the model loaded forever (returns ``None``).
+    ``"10s"``, ``"5m"``, ``"1h30m"`` (:func:`~werk.protocol.durations.parse_duration_seconds`);
+    ``0`` unloads right after the request; any negative value (``-1``, ``"-1m"``) keeps the
+    model loaded forever (returns ``None``).
 
     :raises werk.InvalidRequest: anything else, or more than 30 days (use ``-1`` for never).
     """
-    seconds: float
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise InvalidRequest("'keep_alive' must be a number of seconds or a duration like '5m'")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
+    if isinstance(value, str):
         text = value.strip()
         negative = text.startswith("-")
-        body = text[1:] if negative else text
         try:
-            seconds = float(body)
+            seconds = parse_duration_seconds(text[1:] if negative else text)
         except ValueError:
-            parts = _DURATION_PART.findall(body)
-            if not body or "".join(n + u for n, u in parts) != body:
-                raise InvalidRequest(
-                    f"'keep_alive' {value!r} is not a duration (examples: 300, '10s', '5m', "
-                    "'1h30m', 0, -1)"
-                ) from None
-            seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+            raise InvalidRequest(
+                f"'keep_alive' {value!r} is not a duration (examples: 300, '10s', '5m', "
+                "'1h30m', 0, -1)"
+            ) from None
         if negative:
-            seconds = -seconds if seconds else -1.0
+            return None
     else:
-        raise InvalidRequest("'keep_alive' must be a number of seconds or a duration like '5m'")
-    if not math.isfinite(seconds):
-        raise InvalidRequest("'keep_alive' must be finite")
+        seconds = float(value)
+        if not math.isfinite(seconds):
+            raise InvalidRequest("'keep_alive' must be finite")
     if seconds < 0:
         return None
     if seconds > KEEP_ALIVE_MAX_SECONDS:

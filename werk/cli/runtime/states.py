@@ -6,7 +6,6 @@ so the default is always a preview computed by the server.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -24,6 +23,7 @@ from ...protocol import (
     TierRequest,
     TierResult,
 )
+from ...protocol.durations import parse_duration_seconds
 from ._common import (
     DEFAULT_SERVER,
     DEFAULT_TIMEOUT,
@@ -41,9 +41,6 @@ from ._render import show, size, table
 __all__ = ["STATE_COLUMNS", "build_prune", "parse_duration", "state_rows", "states_app"]
 
 MAX_OLDER_THAN_SECONDS = 10 * 365 * 86400  # PruneFilter.older_than_seconds bound
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^(?:\d+[smhd])+$")
-_PART = re.compile(r"(\d+)([smhd])")
 
 states_app = typer.Typer(
     name="states",
@@ -94,16 +91,16 @@ def parse_duration(text: str) -> int:
 
     :raises typer.BadParameter: for anything else or more than ten years (usage error, exit 2).
     """
-    value = text.strip().lower()
-    if value.isdigit():
-        seconds = int(value)
-    elif _DURATION.match(value):
-        seconds = sum(int(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
-    else:
+    try:
+        exact = parse_duration_seconds(text)
+    except ValueError:
+        exact = -1.0
+    if exact < 0 or exact != int(exact):  # whole seconds only
         raise typer.BadParameter(
             f"{text!r} is not a duration (e.g. 3600, 3600s, 30m, 1h, 2d, 1h30m)",
             param_hint="--older-than",
         )
+    seconds = int(exact)
     if seconds > MAX_OLDER_THAN_SECONDS:
         raise typer.BadParameter("at most ten years", param_hint="--older-than")
     return seconds
