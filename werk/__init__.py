@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         PrefillCall,
         PrefillOutcome,
         Runtime,
+        RuntimeRequirement,
         StateKind,
         TurnOutcome,
     )
@@ -153,6 +154,7 @@ _HOME: dict[str, str] = {
     "PrefillCall": ".backends",
     "PrefillOutcome": ".backends",
     "Runtime": ".backends",
+    "RuntimeRequirement": ".backends",
     "StateKind": ".backends",
     "TurnOutcome": ".backends",
     "CacheEntry": ".cache.entry",
@@ -285,6 +287,7 @@ __all__ = [
     "ReuseUnavailable",
     "RewrittenStream",
     "Runtime",
+    "RuntimeRequirement",
     "StateKind",
     "SupervisedProcess",
     "TurnOutcome",

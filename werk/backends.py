@@ -41,6 +41,7 @@ __all__ = [
     "PrefillCall",
     "PrefillOutcome",
     "Runtime",
+    "RuntimeRequirement",
     "StateKind",
     "TurnOutcome",
 ]
@@ -110,6 +111,40 @@ class ModelSpec:
     persistence: PersistenceDefaults | None = None
 
 
+MAX_REQUIREMENT_BYTES = 1 << 50
+"""A requirement above 1 PiB is a broken computation, not a model (refused)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeRequirement:
+    """The memory one runtime needs, computed before it is started (admission control).
+
+    :ivar nbytes: bytes to reserve: positive and at most :data:`MAX_REQUIREMENT_BYTES`; the
+        bound the runtime may grow to, not what it holds right after start.
+    :ivar tier: ``ram`` (host memory, the default) or ``vram`` (accelerator memory).
+    :ivar parts: labelled parts that sum to ``nbytes`` (``("weights", n)``, ``("kv cache", n)``
+        …), shown in a denial and in the docs' comparison; may be empty.
+    :raises ValueError: a non-positive or unbounded count, an unknown tier, or parts that do not
+        sum to ``nbytes``.
+    """
+
+    nbytes: int
+    tier: Literal[ExpertTier.RAM, ExpertTier.VRAM] = ExpertTier.RAM
+    parts: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.nbytes, int)
+            or isinstance(self.nbytes, bool)
+            or not 0 < self.nbytes <= MAX_REQUIREMENT_BYTES
+        ):
+            raise ValueError(f"a requirement is 1..{MAX_REQUIREMENT_BYTES} bytes: {self.nbytes!r}")
+        if self.tier not in (ExpertTier.RAM, ExpertTier.VRAM):
+            raise ValueError(f"a requirement's tier is ram or vram, not {self.tier!r}")
+        if self.parts and sum(n for _, n in self.parts) != self.nbytes:
+            raise ValueError("a requirement's parts must sum to its byte count")
+
+
 @dataclass(frozen=True, kw_only=True)
 class BackendDescriptor:
     """What a plugin registers through :func:`werk_register_backends`.
@@ -123,6 +158,13 @@ class BackendDescriptor:
         ``start``); it must reap every process the runtime owns.
     :ivar routes: the ``/v1`` routes its :func:`werk_openai` serves; the host answers
         ``unsupported`` for any other before a runtime is started.
+    :ivar requirement: optional coroutine function ``ModelSpec -> RuntimeRequirement | None``
+        awaited before every ``start``: the memory the runtime will need (weights, caches,
+        buffers), from the model's files and the effective arguments. With it, ``werk serve``
+        reserves the bytes before starting (unloading idle runtimes when they do not fit) and
+        refuses a start that cannot fit with ``resource_exhausted``; ``None`` for one model
+        means "no bound can be given" (it starts unaccounted). A raised :class:`werk.WerkError`
+        fails the start. Requires ``start``.
     """
 
     name: str
@@ -131,6 +173,7 @@ class BackendDescriptor:
     start: Callable[[ModelSpec], Awaitable[Runtime]] | None = None
     stop: Callable[[Runtime], Awaitable[None]] | None = None
     routes: tuple[OpenAIRoute, ...] = ("chat.completions", "completions")
+    requirement: Callable[[ModelSpec], Awaitable[RuntimeRequirement | None]] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -139,6 +182,8 @@ class BackendDescriptor:
             raise ValueError(f"backend name {self.name!r} must be lower-case")
         if (self.start is None) != (self.stop is None):
             raise ValueError(f"backend {self.name!r} must give both start and stop, or neither")
+        if self.requirement is not None and self.start is None:
+            raise ValueError(f"backend {self.name!r} gives a requirement but cannot start")
 
 
 @dataclass(kw_only=True)

@@ -374,6 +374,24 @@ def test_denied_reservation_triggers_one_relief_pass_then_one_retry() -> None:
     assert states.executed == []
 
 
+def test_a_denial_names_the_request_what_is_available_and_what_relief_skipped() -> None:
+    manager = make(Host(used=0))
+    states = States(manager)
+    manager.set_relief(ReliefCallbacks(candidates=states.candidates, execute=states.execute))
+    states.add("busy", 60 * GiB, 0.0, in_use=True)
+    states.add("handoff", 20 * GiB, 1.0, live_handoff=True)
+    with pytest.raises(ResourceExhausted) as denied:
+        manager.reserve("new", 10 * GiB, tier=RAM)
+    message = denied.value.message
+    assert denied.value.retryable
+    assert "reserving 10.0 GiB on ram" in message
+    # 85 % of 100 GiB is 85 GiB; 80 GiB are in use: 5 GiB available
+    assert "5.0 GiB available below the hard threshold (85% of the ram pool's 100.0 GiB" in message
+    assert "80.0 GiB in use" in message
+    assert "skipped busy (in use), handoff (live handoff)" in message
+    assert states.executed == []
+
+
 def test_relief_never_moves_an_allocation_pinned_by_a_failed_release() -> None:
     manager = make(Host(used=0))
     states = States(manager)

@@ -54,7 +54,7 @@ def test_targets_below_hard_even_from_normal_pressure() -> None:
     assert plan.projected_after < HARD_THRESHOLD
 
 
-def test_skips_pinned_live_handoff_and_unknown_sizes() -> None:
+def test_skips_pinned_live_handoff_in_use_and_unknown_sizes() -> None:
     plan = plan_relief(
         used=9 * GiB,
         requested=GiB,
@@ -62,6 +62,7 @@ def test_skips_pinned_live_handoff_and_unknown_sizes() -> None:
         candidates=[
             cand("pinned", 5 * GiB, 0.0, pinned=True),
             cand("handoff", 5 * GiB, 0.0, live_handoff=True),
+            cand("busy", 5 * GiB, 0.0, in_use=True),
             cand("unknown", None, 0.0),
             cand("empty", 0, 0.0),
         ],
@@ -72,6 +73,7 @@ def test_skips_pinned_live_handoff_and_unknown_sizes() -> None:
     assert dict(plan.skipped) == {
         "pinned": "pinned",
         "handoff": "live handoff",
+        "busy": "in use",
         "unknown": "size unknown",
         "empty": "frees nothing",
     }
@@ -118,6 +120,7 @@ candidates_st = st.lists(
         last_used=st.floats(min_value=0, max_value=1000, allow_nan=False),
         pinned=st.booleans(),
         live_handoff=st.booleans(),
+        in_use=st.booleans(),
         can_demote=st.booleans(),
     ),
     max_size=30,
@@ -155,8 +158,8 @@ def test_planner_properties(
     for c in candidates:
         by_id.setdefault(c.id, c)
     chosen = [by_id[a.id] for a in plan.actions]
-    # never pinned, never a live handoff, never unknown size, never twice
-    assert not any(c.pinned or c.live_handoff or c.bytes is None for c in chosen)
+    # never pinned, never a live handoff, never in use, never unknown size, never twice
+    assert not any(c.pinned or c.live_handoff or c.in_use or c.bytes is None for c in chosen)
     assert len({a.id for a in plan.actions}) == len(plan.actions)
     # the action bound holds; nothing while the cooldown runs
     assert len(plan.actions) <= max_actions

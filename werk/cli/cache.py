@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from .._units import format_bytes
 from ._app import app
 from ._output import emit_json, print_table, reporting_errors
 
@@ -89,15 +90,7 @@ def _inventory(filters: Filters) -> list[CacheItem]:
 
 
 def _size(value: int | None) -> str:
-    if value is None:
-        return "-"
-    if value < 1024:
-        return f"{value} B"
-    if value < 2**20:
-        return f"{value / 1024:.1f} KiB"
-    if value < 2**30:
-        return f"{value / 2**20:.1f} MiB"
-    return f"{value / 2**30:.2f} GiB"
+    return "-" if value is None else format_bytes(value)
 
 
 def _when(timestamp: float | None) -> str:

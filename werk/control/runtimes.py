@@ -12,6 +12,16 @@ is idle until ``now + keep_alive`` (the server's ``--keep-alive``, or the keep-a
 request that ended last, like Ollama's ``keep_alive``). ``0`` unloads right after the work,
 ``None`` never. :meth:`RuntimeManager.unload_idle` stops runtimes idle past that point, skipping
 any the caller protects (a live handoff, a pinned in-memory state).
+
+**Admission.** When the backend gives a :class:`werk.RuntimeRequirement` for the model, its bytes
+are reserved with the :class:`werk.memory.MemoryManager` before the start (in a worker thread:
+sampling and relief are synchronous), committed once the runtime is up and released when it
+is stopped. A reservation that does not fit makes the manager run one bounded relief pass
+through this class's callbacks: loaded runtimes are the candidates (least recently used first;
+one that is busy, starting, holding a live handoff or a pinned in-memory state is skipped) and
+an action stops one under its model lock. When it still does not fit, the start fails with a
+retryable ``resource_exhausted`` naming the requirement and what is available; nothing loaded
+is touched.
 """
 
 from __future__ import annotations
@@ -22,10 +32,20 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import anyio
+import anyio.from_thread
 
-from ..backends import ModelSpec, Runtime
+from .._units import format_bytes
+from ..backends import BackendDescriptor, ModelSpec, Runtime, RuntimeRequirement
+from ..memory.manager import (
+    Allocation,
+    MemoryManager,
+    MemoryTier,
+    ReliefCallbacks,
+    Reservation,
+)
+from ..memory.relief import ReliefAction, ReliefCandidate
 from ..plugins import WerkPluginManager
-from ..protocol import CapabilityId, Unavailable, WerkError
+from ..protocol import CapabilityId, InvalidRequest, ResourceExhausted, Unavailable, WerkError
 
 __all__ = ["DEFAULT_KEEP_ALIVE_SECONDS", "KeepAlive", "RuntimeEntry", "RuntimeManager", "Use"]
 
@@ -53,6 +73,7 @@ class RuntimeEntry:
     :ivar idle_until: wall-clock seconds when it will be unloaded if nothing uses it; ``None``
         while busy or when its keep-alive is "never".
     :ivar keep_alive: the keep-alive that applies when it next goes idle (``None``: never).
+    :ivar reserved: the bytes reserved for it (its requirement), ``None`` when unaccounted.
     """
 
     runtime: Runtime
@@ -60,6 +81,7 @@ class RuntimeEntry:
     busy: int
     idle_until: float | None
     keep_alive: float | None
+    reserved: int | None = None
 
 
 class Use:
@@ -83,8 +105,22 @@ class Use:
         self.release()
 
 
+def _owner(model: str) -> str:
+    """The memory-accounting owner (and relief candidate id) of a model's runtime."""
+    return f"model {model}"
+
+
+def _no_generations() -> frozenset[str]:
+    return frozenset()
+
+
 class RuntimeManager:
-    """Starts, caches and stops runtimes through their backends' descriptors."""
+    """Starts, caches and stops runtimes through their backends' descriptors.
+
+    :param memory: admission control for backends that give a requirement (``None``: none).
+    :param handoff_generations: generations a live handoff refers to (relief skips them).
+    :param pinned_generations: generations holding a pinned in-memory state (skipped too).
+    """
 
     def __init__(
         self,
@@ -93,6 +129,9 @@ class RuntimeManager:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         keep_alive: float | None = DEFAULT_KEEP_ALIVE_SECONDS,
+        memory: MemoryManager | None = None,
+        handoff_generations: Callable[[], Collection[str]] = _no_generations,
+        pinned_generations: Callable[[], Collection[str]] = _no_generations,
     ):
         if keep_alive is not None and keep_alive < 0:
             raise ValueError("keep_alive must be >= 0 seconds or None (never)")
@@ -109,6 +148,15 @@ class RuntimeManager:
         self._locks: dict[str, anyio.Lock] = {}
         self._failures: dict[str, tuple[int, float]] = {}
         self._retired: set[str] = set()
+        self._memory = memory
+        self._handoff_generations = handoff_generations
+        self._pinned_generations = pinned_generations
+        self._allocations: dict[str, Allocation] = {}
+        self._last_used: dict[str, float] = {}
+        if memory is not None:
+            memory.set_relief(
+                ReliefCallbacks(candidates=self._relief_candidates, execute=self._relief_execute)
+            )
 
     def live(self) -> dict[str, Runtime]:
         """Alive runtimes by model id (a snapshot; never starts anything)."""
@@ -166,6 +214,7 @@ class RuntimeManager:
             return  # stopped or replaced meanwhile
         busy = max(0, self._busy.get(model, 0) - 1)
         self._busy[model] = busy
+        self._last_used[model] = self._clock()
         if keep_alive is not None:
             self._keep[model] = keep_alive.seconds
         if busy == 0:
@@ -192,6 +241,7 @@ class RuntimeManager:
             await self._stop(spec.id, current)
         runtime = await self._start(spec)
         self._started[spec.id] = self._wall()
+        self._last_used[spec.id] = self._clock()
         self._busy[spec.id] = 0
         self._keep.pop(spec.id, None)
         self._idle_until[spec.id] = self._deadline(spec.id)
@@ -212,6 +262,9 @@ class RuntimeManager:
                     busy=self._busy.get(model, 0),
                     idle_until=None if until is None else wall + max(0.0, until - now),
                     keep_alive=self._keep.get(model, self.keep_alive),
+                    reserved=allocation.nbytes
+                    if (allocation := self._allocations.get(model)) is not None
+                    else None,
                 )
             )
         return out
@@ -271,22 +324,128 @@ class RuntimeManager:
                 f"model {spec.id!r} failed to start recently; retrying after {wait:.0f}s",
                 capability=CapabilityId.MODEL_RESIDENCY,
             )
+        requirement = await self._requirement(descriptor, spec)
+        if requirement is not None and self._memory is not None:
+            reservation = await anyio.to_thread.run_sync(self._reserve, spec, requirement)
+        else:
+            reservation = None
         try:
             runtime = await descriptor.start(spec)
-        except WerkError:
+        except BaseException as exc:
+            if reservation is not None and self._memory is not None:
+                self._memory.cancel(reservation)
+            if not isinstance(exc, Exception):
+                raise
             self._failures[spec.id] = (failures + 1, self._clock())
-            raise
-        except Exception as exc:
-            self._failures[spec.id] = (failures + 1, self._clock())
+            if isinstance(exc, WerkError):
+                raise
             log.exception("starting %s for model %s failed", spec.backend, spec.id)
             raise Unavailable(
                 f"backend {spec.backend!r} could not start model {spec.id!r} "
                 f"({type(exc).__name__})",
                 capability=CapabilityId.MODEL_RESIDENCY,
             ) from None
+        if reservation is not None and self._memory is not None:
+            self._allocations[spec.id] = self._memory.commit(reservation, reservation.nbytes)
         self._failures.pop(spec.id, None)
         self._runtimes[spec.id] = runtime
         return runtime
+
+    async def _requirement(
+        self, descriptor: BackendDescriptor, spec: ModelSpec
+    ) -> RuntimeRequirement | None:
+        if descriptor.requirement is None or self._memory is None:
+            return None
+        try:
+            requirement = await descriptor.requirement(spec)
+        except WerkError:
+            raise
+        except Exception as exc:
+            log.exception("the %s requirement of model %s failed", spec.backend, spec.id)
+            raise Unavailable(
+                f"backend {spec.backend!r} could not compute the memory model {spec.id!r} needs "
+                f"({type(exc).__name__})",
+                capability=CapabilityId.MEMORY_RESERVATIONS,
+            ) from None
+        if requirement is not None and not isinstance(requirement, RuntimeRequirement):
+            raise Unavailable(
+                f"backend {spec.backend!r} answered its requirement with a "
+                f"{type(requirement).__name__}, not a RuntimeRequirement",
+                capability=CapabilityId.MEMORY_RESERVATIONS,
+            )
+        if requirement is None:
+            log.info("model %s starts without a memory reservation (no bound given)", spec.id)
+        return requirement
+
+    def _reserve(self, spec: ModelSpec, requirement: RuntimeRequirement) -> Reservation:
+        """Reserve (worker thread; relief callbacks come back to the event loop)."""
+        assert self._memory is not None
+        parts = " + ".join(f"{name} {format_bytes(n)}" for name, n in requirement.parts)
+        needs = f"model {spec.id!r} needs {format_bytes(requirement.nbytes)}" + (
+            f" ({parts})" if parts else ""
+        )
+        try:
+            return self._memory.reserve(_owner(spec.id), requirement.nbytes, tier=requirement.tier)
+        except ResourceExhausted as exc:
+            raise ResourceExhausted(
+                f"cannot load: {needs}; {exc.message}", capability=exc.capability
+            ) from None
+        except InvalidRequest as exc:  # larger than the whole pool: it can never fit
+            raise InvalidRequest(
+                f"cannot load: {needs}; {exc.message}", capability=exc.capability
+            ) from None
+
+    # -- memory relief (called by the memory manager from the reserving worker thread) ------
+
+    def _relief_candidates(self, tier: MemoryTier) -> list[ReliefCandidate]:
+        return anyio.from_thread.run_sync(self._candidates_now, tier)
+
+    def _candidates_now(self, tier: MemoryTier) -> list[ReliefCandidate]:
+        handoffs = set(self._handoff_generations())
+        pinned = set(self._pinned_generations())
+        out = []
+        for model, allocation in sorted(self._allocations.items()):
+            runtime = self._runtimes.get(model)
+            if runtime is None or allocation.tier != tier:
+                continue
+            lock = self._locks.get(model)
+            out.append(
+                ReliefCandidate(
+                    id=_owner(model),
+                    bytes=allocation.nbytes,
+                    last_used=self._last_used.get(model, 0.0),
+                    pinned=runtime.generation in pinned,
+                    live_handoff=runtime.generation in handoffs,
+                    in_use=bool(self._busy.get(model)) or (lock is not None and lock.locked()),
+                )
+            )
+        return out
+
+    def _relief_execute(self, action: ReliefAction) -> bool:
+        return anyio.from_thread.run(self._unload_for_relief, action.id)
+
+    async def _unload_for_relief(self, owner: str) -> bool:
+        model = next((m for m in self._allocations if _owner(m) == owner), None)
+        if model is None:
+            return False
+        lock = self._locks.setdefault(model, anyio.Lock())
+        if lock.locked():
+            return False  # starting, or stopping elsewhere: not this pass's to take
+        async with lock:
+            runtime = self._runtimes.get(model)
+            if (
+                runtime is None
+                or self._busy.get(model)
+                or runtime.generation in set(self._handoff_generations())
+                or runtime.generation in set(self._pinned_generations())
+            ):
+                return False
+            log.info(
+                "unloading model %s (generation %s) to make room for another model",
+                model,
+                runtime.generation,
+            )
+            return await self._stop(model, runtime)
 
     async def stop(self, model_id: str) -> bool:
         """Stop the runtime of ``model_id``; ``False`` when none was running."""
@@ -298,21 +457,36 @@ class RuntimeManager:
             await self._stop(model_id, runtime)
             return True
 
-    async def _stop(self, model_id: str, runtime: Runtime) -> None:
+    async def _stop(self, model_id: str, runtime: Runtime) -> bool:
+        """Stop and forget one runtime; ``False`` when its backend's stop failed (then its
+        memory allocation stays accounted, pinned, and counts as a failed release)."""
         self._runtimes.pop(model_id, None)
-        for table in (self._started, self._busy, self._idle_until, self._keep):
+        for table in (self._started, self._busy, self._idle_until, self._keep, self._last_used):
             table.pop(model_id, None)
         self._retired.add(runtime.generation)
+        allocation = self._allocations.pop(model_id, None)
         descriptor = self._pm.backends.get(runtime.backend)
-        if descriptor is None or descriptor.stop is None:
-            return
-        try:
-            await descriptor.stop(runtime)
-        except Exception:
-            log.exception("stopping %s runtime for %s failed", runtime.backend, model_id)
+        ok = True
+        if descriptor is not None and descriptor.stop is not None:
+            try:
+                await descriptor.stop(runtime)
+            except Exception:
+                log.exception("stopping %s runtime for %s failed", runtime.backend, model_id)
+                ok = False
         runtime.alive = False
+        if allocation is not None and self._memory is not None:
+            self._memory.release(allocation, _released if ok else _release_failed)
+        return ok
 
     async def aclose(self) -> None:
         """Stop every runtime (server shutdown)."""
         for model_id in list(self._runtimes):
             await self.stop(model_id)
+
+
+def _released() -> None:
+    """The runtime's stop succeeded: its memory is free."""
+
+
+def _release_failed() -> None:
+    raise RuntimeError("the backend's stop failed; its memory may still be held")

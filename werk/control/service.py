@@ -142,11 +142,20 @@ class LocalControlService(WerkControl):
         unknown = sorted({s.backend for s in self._specs.values()} - set(pm.backends))
         if unknown:
             raise Unsupported(f"no loaded plugin provides backend(s): {', '.join(unknown)}")
-        self.runtimes = RuntimeManager(pm, wall=clock, keep_alive=config.keep_alive_seconds)
         self.catalog = StateCatalog(config.home, clock=clock)
         self.volatile = VolatileStates(clock=clock)
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
         self.memory_manager = memory if memory is not None else MemoryManager()
+        for name, descriptor in pm.backends.items():
+            self.memory_manager.set_participant(name, descriptor.requirement is not None)
+        self.runtimes = RuntimeManager(
+            pm,
+            wall=clock,
+            keep_alive=config.keep_alive_seconds,
+            memory=self.memory_manager,
+            handoff_generations=self.handoffs.generations_in_use,
+            pinned_generations=self.volatile.pinned_generations,
+        )
         self.job_store = JobStore(config.home, clock=clock)
         self._job_send: MemoryObjectSendStream[_QueuedJob] | None = None  # while run_jobs runs
         self._engines: dict[str, ExpertEngine] = {}
@@ -256,7 +265,7 @@ class LocalControlService(WerkControl):
                     busy=e.busy,
                     idle_until=None if e.idle_until is None else rfc3339(e.idle_until),
                     keep_alive_seconds=e.keep_alive,
-                    reserved_bytes=None,  # no backend supplies a memory requirement yet
+                    reserved_bytes=e.reserved,
                     observed_bytes=bytes_,
                 )
                 for e, bytes_ in zip(entries, rss, strict=True)

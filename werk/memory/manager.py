@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from .._units import format_bytes
 from ..protocol.base import rfc3339
 from ..protocol.capabilities import CapabilityId, CapabilityReport, CapabilityStatus
 from ..protocol.errors import BackendError, Conflict, InvalidRequest, ResourceExhausted, Unavailable
@@ -209,6 +210,20 @@ def reservations_capability(participating: bool) -> CapabilityReport:
     )
 
 
+def _relief_detail(plan: ReliefPlan | None) -> str:
+    """What the relief pass did, for the ``resource_exhausted`` message."""
+    if plan is None:
+        return "; no relief pass ran"
+    parts = []
+    if plan.actions:
+        parts.append("freed " + ", ".join(f"{a.id} ({a.kind})" for a in plan.actions))
+    if plan.skipped:
+        parts.append("skipped " + ", ".join(f"{cid} ({why})" for cid, why in plan.skipped))
+    if plan.reason:
+        parts.append(plan.reason)
+    return "; relief: " + "; ".join(parts) if parts else ""
+
+
 class MemoryManager:
     """Accounting, pressure and admission control for host and accelerator memory.
 
@@ -336,10 +351,9 @@ class MemoryManager:
         second = self._try_reserve(owner, nbytes, tier)
         if isinstance(second, Reservation):
             return second
-        detail = f"; relief: {plan.reason}" if plan is not None and plan.reason else ""
         raise ResourceExhausted(
-            f"reserving {nbytes} bytes on {tier} would reach the hard pressure threshold"
-            f" ({second}){detail}",
+            f"reserving {format_bytes(nbytes)} on {tier} would reach the hard pressure"
+            f" threshold: {second}{_relief_detail(plan)}",
             capability=_CAPABILITY,
         )
 
@@ -465,7 +479,14 @@ class MemoryManager:
                 )
             projected = pool.effective_used_bytes + nbytes
             if utilisation(projected, pool.capacity_bytes) >= HARD_THRESHOLD:
-                return f"projected {projected} of {pool.capacity_bytes} bytes"
+                below_hard = int(pool.capacity_bytes * HARD_THRESHOLD)
+                available = max(0, below_hard - pool.effective_used_bytes)
+                return (
+                    f"{format_bytes(available)} available below the hard threshold"
+                    f" ({float(HARD_THRESHOLD):.0%} of the {pool.name} pool's"
+                    f" {format_bytes(pool.capacity_bytes)};"
+                    f" {format_bytes(pool.effective_used_bytes)} in use)"
+                )
             if len(self._records) >= MAX_RECORDS:
                 raise ResourceExhausted(
                     f"the reservation table holds {MAX_RECORDS} entries", capability=_CAPABILITY

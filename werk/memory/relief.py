@@ -8,8 +8,9 @@ plus the requested bytes, minus what the chosen actions free — falls below the
 Rules, in order:
 
 1. Nothing is planned while the action cooldown runs (5 s after the previous pass).
-2. Pinned candidates, candidates with a live handoff and candidates whose freed size is unknown
-   (or zero) are never selected; they are reported as skipped with the reason.
+2. Pinned candidates, candidates with a live handoff, candidates in use (a loaded runtime with
+   a request in flight) and candidates whose freed size is unknown (or zero) are never
+   selected; they are reported as skipped with the reason.
 3. Demotions come first, least recently used first; evictions (of candidates that cannot be
    demoted) only afterwards, again least recently used first.
 4. Planning stops as soon as the projection is below the target, and never exceeds
@@ -57,6 +58,7 @@ class ReliefCandidate:
     :ivar last_used: monotonic time of last use (smaller = less recently used).
     :ivar pinned: pinned by the user, or by the manager after a failed release.
     :ivar live_handoff: a live handoff refers to it; moving it would break the handoff.
+    :ivar in_use: work is in progress on it (a runtime serving a request or a stream).
     :ivar can_demote: a lower tier can take it (otherwise only eviction frees it).
     """
 
@@ -65,6 +67,7 @@ class ReliefCandidate:
     last_used: float
     pinned: bool = False
     live_handoff: bool = False
+    in_use: bool = False
     can_demote: bool = False
 
 
@@ -156,6 +159,8 @@ def plan_relief(
             skipped.append((candidate.id, "pinned"))
         elif candidate.live_handoff:
             skipped.append((candidate.id, "live handoff"))
+        elif candidate.in_use:
+            skipped.append((candidate.id, "in use"))
         elif candidate.bytes is None:
             skipped.append((candidate.id, "size unknown"))
         elif candidate.bytes <= 0:

@@ -320,7 +320,9 @@ def test_bad_options_are_rejected(
 # -- inspection of a stand-in executable ------------------------------------------------------
 
 
-def stand_in(path: Path, *, help_text: str = FULL_HELP, version_rc: int = 0) -> Path:
+def stand_in(
+    path: Path, *, help_text: str = FULL_HELP, version_rc: int = 0, devices: str = "  (none)"
+) -> Path:
     """A real executable printing ``help_text``; each run appends a line to ``<path>.runs``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     (path.parent / "help.txt").write_text(help_text)
@@ -330,6 +332,7 @@ def stand_in(path: Path, *, help_text: str = FULL_HELP, version_rc: int = 0) -> 
         'case "$1" in\n'
         f'  --help) cat "{path.parent}/help.txt" ;;\n'
         f'  --version) echo "version: 7 (stand-in)" >&2; exit {version_rc} ;;\n'
+        f'  --list-devices) printf "Available devices:\\n{devices}\\n" ;;\n'
         "  *) exit 3 ;;\n"
         "esac\n"
     )
@@ -349,15 +352,38 @@ async def test_inspection_runs_once_per_identity(tmp_path: Path) -> None:
     assert first.valid and first.missing_essential == ()
     assert first.sha256 == hashlib.sha256(exe.read_bytes()).hexdigest()
     assert first.version == "7 (stand-in)"
-    assert sorted(runs(exe)) == ["--help", "--version"]
+    assert first.devices == ()  # a CPU-only build
+    assert sorted(runs(exe)) == ["--help", "--list-devices", "--version"]
     assert await inspect_executable(exe) is first
     assert inspect_executable_sync(exe) is first
-    assert sorted(runs(exe)) == ["--help", "--version"]  # cached: nothing ran again
+    assert sorted(runs(exe)) == ["--help", "--list-devices", "--version"]  # cached
     # A new identity (content and mtime change) is inspected again.
     exe.write_text(exe.read_text() + "# changed\n")
     second = await inspect_executable(exe)
     assert second is not first and second.sha256 != first.sha256
-    assert sorted(runs(exe)) == ["--help", "--help", "--version", "--version"]
+    assert sorted(runs(exe)).count("--help") == 2
+
+
+@pytest.mark.anyio
+async def test_inspection_lists_the_accelerator_devices(tmp_path: Path) -> None:
+    llama_inspect.forget_inspections()
+    gpu = stand_in(
+        tmp_path / "gpu" / "llama-server",
+        devices="  CUDA0: NVIDIA H200 (143771 MiB, 143252 MiB free)",
+    )
+    assert (await inspect_executable(gpu)).devices == (
+        "CUDA0: NVIDIA H200 (143771 MiB, 143252 MiB free)",
+    )
+    llama_inspect.forget_inspections()
+    assert inspect_executable_sync(gpu).devices == (
+        "CUDA0: NVIDIA H200 (143771 MiB, 143252 MiB free)",
+    )  # from the disk cache: the device list is part of the stored outputs
+    old = stand_in(tmp_path / "old" / "llama-server", devices="")
+    (old.parent / "llama-server").write_text(
+        old.read_text().replace("--list-devices)", "--never-matches)")
+    )
+    result = await inspect_executable(old)
+    assert result.valid and result.devices is None  # no device list: unknown, not "none"
 
 
 @pytest.mark.anyio
@@ -406,15 +432,15 @@ async def test_a_valid_inspection_is_reused_from_disk_by_the_next_process(
     assert cached.stat().st_mode & 0o777 == 0o600
     llama_inspect.forget_inspections()  # what a new process starts with
     again = await inspect_executable(exe)
-    assert again == first and sorted(runs(exe)) == ["--help", "--version"]  # nothing ran
+    assert again == first and sorted(runs(exe)) == ["--help", "--list-devices", "--version"]
     llama_inspect.forget_inspections()
-    assert inspect_executable_sync(exe) == first and len(runs(exe)) == 2
+    assert inspect_executable_sync(exe) == first and len(runs(exe)) == 3  # nothing ran
     # A corrupt entry is ignored (the executable runs again) and replaced.
     cached.write_text("{not json")
     llama_inspect.forget_inspections()
-    assert await inspect_executable(exe) == first and len(runs(exe)) == 4
+    assert await inspect_executable(exe) == first and len(runs(exe)) == 6
     llama_inspect.forget_inspections()
-    assert await inspect_executable(exe) == first and len(runs(exe)) == 4
+    assert await inspect_executable(exe) == first and len(runs(exe)) == 6
     # Another identity (here: a copy at another path) is inspected anew.
     copy = tmp_path / "other" / "llama-server"
     copy.parent.mkdir()

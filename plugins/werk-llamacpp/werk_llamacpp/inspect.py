@@ -1,15 +1,15 @@
 """Inspecting a ``llama-server`` executable before the first spawn.
 
-``--help`` and ``--version`` run once per executable *identity* (path, device, inode, size,
-mtime and ctime), concurrently with a SHA-256 of the binary; all three finish before any model
-process is spawned. The file's identity is checked before and after, so a binary replaced
-mid-inspection is never trusted. Successful inspections are cached by identity in-process and
-on disk (``WERK_HOME/inspections/llamacpp/``, one private JSON file per identity), so
-the next ``werk serve`` spawns its child without running the executable twice first; a failed
-inspection is never cached and is retried on the next start. A cached entry is used only when
-every field of the identity matches the file as it is now (any replacement, copy or in-place
-write changes the inode, mtime or ctime); a corrupt or mismatching entry is ignored and
-replaced.
+``--help``, ``--version`` and ``--list-devices`` run once per executable *identity* (path,
+device, inode, size, mtime and ctime), concurrently with a SHA-256 of the binary; all finish
+before any model process is spawned. The file's identity is checked before and after, so a
+binary replaced mid-inspection is never trusted. Successful inspections are cached by identity
+in-process and on disk (``WERK_HOME/inspections/llamacpp/``, one private JSON file per
+identity), so the next ``werk serve`` spawns its child without running the executable twice
+first; a failed inspection is never cached and is retried on the next start. A cached entry is
+used only when every field of the identity matches the file as it is now (any replacement, copy
+or in-place write changes the inode, mtime or ctime); a corrupt or mismatching entry is ignored
+and replaced.
 
 The argument builder uses only the flags this help text advertises (:func:`advertised_flags`).
 After the child reports ready, :func:`verify_unchanged` re-checks the identity *and* the full
@@ -54,6 +54,7 @@ __all__ = [
     "inspect_executable",
     "inspect_executable_sync",
     "inspection_dir",
+    "listed_devices",
     "sha256_file",
     "start_rehash",
     "verify_unchanged",
@@ -98,6 +99,8 @@ class Inspection:
     :ivar flags: every option spelling the help advertises (``-np`` and ``--parallel`` alike).
     :ivar problems: why the inspection is invalid (empty when valid).
     :ivar missing_essential: essential flags the help does not advertise (start refuses).
+    :ivar devices: the accelerator devices ``--list-devices`` names (``()``: a CPU-only build;
+        ``None``: unknown, the command failed or printed no device list).
     """
 
     path: Path
@@ -108,6 +111,7 @@ class Inspection:
     flags: frozenset[str]
     problems: tuple[str, ...]
     missing_essential: tuple[str, ...]
+    devices: tuple[str, ...] | None = None
 
     @property
     def valid(self) -> bool:
@@ -145,6 +149,25 @@ def advertised_flags(help_text: str) -> frozenset[str]:
     return frozenset(flags)
 
 
+def listed_devices(rc: int, text: str) -> tuple[str, ...] | None:
+    """The devices of ``llama-server --list-devices`` (one indented line each after
+    ``Available devices:``; ``(none)`` on a CPU-only build); ``None`` when not listed."""
+    if rc != 0:
+        return None
+    lines = text.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Available devices:")
+    except StopIteration:
+        return None
+    devices = []
+    for line in lines[start + 1 :]:
+        if not line.startswith((" ", "\t")) or not line.strip():
+            break
+        if line.strip() != "(none)":
+            devices.append(line.strip())
+    return tuple(devices)
+
+
 def child_environment() -> dict[str, str]:
     """The environment for every llama-server Werk runs.
 
@@ -171,7 +194,7 @@ def _safe_hash(path: Path) -> str:
 
 
 _cache: dict[FileIdentity, Inspection] = {}
-DISK_CACHE_VERSION = 1
+DISK_CACHE_VERSION = 2
 MAX_CACHE_FILE_BYTES = 2 * MAX_OUTPUT_BYTES + 64 * 1024
 
 
@@ -281,7 +304,7 @@ def _identity(path: Path) -> FileIdentity:
         ) from None
 
 
-_FLAGS = ("--help", "--version")
+_FLAGS = ("--help", "--version", "--list-devices")
 
 
 def _assemble(
@@ -298,6 +321,7 @@ def _assemble(
         after = None
     help_rc, help_text = outputs["--help"]
     version_rc, version_text = outputs["--version"]
+    devices = listed_devices(*outputs["--list-devices"])
     flags = advertised_flags(help_text) if help_rc == 0 else frozenset()
     problems: list[str] = []
     if after != before or not digest:
@@ -320,6 +344,7 @@ def _assemble(
         flags=flags,
         problems=tuple(problems),
         missing_essential=tuple(missing),
+        devices=devices,
     )
     if result.valid and not missing:
         _cache[before] = result
@@ -337,9 +362,10 @@ def cached_inspection(path: Path) -> Inspection | None:
 
 
 async def inspect_executable(path: Path) -> Inspection:
-    """Inspect ``path`` (cached per identity): ``--help``, ``--version`` and the SHA-256 run
-    concurrently and all finish before this returns. A bad executable is described by the
-    result's ``problems``; only an unreadable file raises :class:`werk.Unavailable`."""
+    """Inspect ``path`` (cached per identity): ``--help``, ``--version``, ``--list-devices``
+    and the SHA-256 run concurrently and all finish before this returns. A bad executable is
+    described by the result's ``problems``; only an unreadable file raises
+    :class:`werk.Unavailable`."""
     before = _identity(path)
     cached = _cache.get(before) or _load_cached(path, before)
     if cached is not None:
@@ -351,8 +377,8 @@ async def inspect_executable(path: Path) -> Inspection:
         digest.append(await anyio.to_thread.run_sync(_safe_hash, path))
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_run, path, "--help", outputs)
-        tg.start_soon(_run, path, "--version", outputs)
+        for flag in _FLAGS:
+            tg.start_soon(_run, path, flag, outputs)
         tg.start_soon(hash_it)
     return _assemble(path, before, outputs, digest[0])
 
@@ -363,11 +389,10 @@ def inspect_executable_sync(path: Path) -> Inspection:
     cached = _cache.get(before) or _load_cached(path, before)
     if cached is not None:
         return cached
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="werk-llama-inspect") as pool:
-        help_job = pool.submit(_run_sync, path, "--help")
-        version_job = pool.submit(_run_sync, path, "--version")
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="werk-llama-inspect") as pool:
+        jobs = {flag: pool.submit(_run_sync, path, flag) for flag in _FLAGS}
         hash_job = pool.submit(_safe_hash, path)
-        outputs = {"--help": help_job.result(), "--version": version_job.result()}
+        outputs = {flag: job.result() for flag, job in jobs.items()}
         digest = hash_job.result()
     return _assemble(path, before, outputs, digest)
 

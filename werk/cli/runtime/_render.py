@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ..._units import format_bytes
+
 if TYPE_CHECKING:  # rich is imported when something is rendered, not with every `werk` command
     from rich.console import Console, RenderableType
     from rich.table import Table
@@ -80,11 +82,4 @@ def _cell(value: Any) -> RenderableType:
 
 def size(value: int | None, unknown: str = "unknown") -> str:
     """``1.5 GiB``-style size; ``None`` is ``unknown`` (never shown as zero)."""
-    if value is None:
-        return unknown
-    amount = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(amount) < 1024 or unit == "TiB":
-            return f"{value} B" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    raise AssertionError("unreachable")
+    return unknown if value is None else format_bytes(value)
