@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from werk.testing.cgroups import cgroup_dir, cgroup_mounts, own_cgroup_path
+
 LIMIT = 512 * (1 << 20)
 
 PROBE = r"""
@@ -39,37 +41,6 @@ print(json.dumps({
     "cgroup": open("/proc/self/cgroup").read(),
 }))
 """
-
-
-def _mounts() -> list[tuple[str, str, str, set[str]]]:
-    """(root, mountpoint, fstype, super options) of every cgroup mount."""
-    out = []
-    with open("/proc/self/mountinfo") as handle:
-        for line in handle:
-            fields = line.split()
-            sep = fields.index("-")
-            if fields[sep + 1] in ("cgroup", "cgroup2"):
-                out.append((fields[3], fields[4], fields[sep + 1], set(fields[sep + 3].split(","))))
-    return out
-
-
-def _own_path(controller: str) -> str | None:
-    with open("/proc/self/cgroup") as handle:
-        for line in handle:
-            hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
-            if controller == "" and hierarchy == "0" and controllers == "":
-                return path
-            if controller and controller in controllers.split(","):
-                return path
-    return None
-
-
-def _own_dir(mount_root: str, mountpoint: str, path: str) -> Path | None:
-    root = mount_root.rstrip("/")
-    if root and not (path == root or path.startswith(root + "/")):
-        return None
-    directory = Path(mountpoint) / path[len(root) :].lstrip("/")
-    return directory if directory.is_dir() else None
 
 
 def _run_probe(prefix: list[str], join: Path | None) -> dict[str, object]:
@@ -120,11 +91,11 @@ def _assert_budget(result: dict[str, object], child: Path | None) -> None:
 def test_cgroup_v2_child_reports_its_memory_max() -> None:
     if os.geteuid() != 0:
         pytest.skip("creating a cgroup needs root here")
-    mount = next((m for m in _mounts() if m[2] == "cgroup2"), None)
-    own = _own_path("")
+    mount = next((m for m in cgroup_mounts() if m.fstype == "cgroup2"), None)
+    own = own_cgroup_path("")
     if mount is None or own is None:
         pytest.skip("no cgroup v2 hierarchy is mounted for this process")
-    parent = _own_dir(mount[0], mount[1], own)
+    parent = cgroup_dir(mount, own)
     if parent is None:
         pytest.skip(f"this process's cgroup v2 directory {own!r} is not visible here")
     controllers = (parent / "cgroup.controllers").read_text().split()
@@ -159,11 +130,13 @@ def test_cgroup_v2_child_reports_its_memory_max() -> None:
 def test_cgroup_v1_child_reports_its_limit_in_bytes() -> None:
     if os.geteuid() != 0:
         pytest.skip("creating a cgroup needs root here")
-    mount = next((m for m in _mounts() if m[2] == "cgroup" and "memory" in m[3]), None)
-    own = _own_path("memory")
+    mount = next(
+        (m for m in cgroup_mounts() if m.fstype == "cgroup" and "memory" in m.super_options), None
+    )
+    own = own_cgroup_path("memory")
     if mount is None or own is None:
         pytest.skip("no cgroup v1 memory hierarchy is mounted for this process")
-    parent = _own_dir(mount[0], mount[1], own)
+    parent = cgroup_dir(mount, own)
     if parent is None:
         pytest.skip(f"this process's cgroup v1 memory directory {own!r} is not visible here")
     try:

@@ -7,7 +7,8 @@ plus the requested bytes, minus what the chosen actions free — falls below the
 
 Rules, in order:
 
-1. Nothing is planned while the action cooldown runs (5 s after the previous pass).
+1. Nothing is planned while the action cooldown runs (5 s after the previous pass); the
+   candidates that rule 2 excludes are still reported as skipped.
 2. Pinned candidates, candidates with a live handoff, candidates in use (a loaded runtime with
    a request in flight) and candidates whose freed size is unknown (or zero) are never
    selected; they are reported as skipped with the reason.
@@ -138,15 +139,6 @@ def plan_relief(
             reached_target=True,
             reason="projected utilisation is already below the hard threshold",
         )
-    if last_action_at is not None and now - last_action_at < cooldown_s:
-        return ReliefPlan(
-            actions=(),
-            skipped=(),
-            projected_before=before,
-            projected_after=before,
-            reached_target=False,
-            reason="action cooldown in effect",
-        )
     skipped: list[tuple[str, str]] = []
     eligible: list[ReliefCandidate] = []
     seen: set[str] = set()
@@ -167,6 +159,15 @@ def plan_relief(
             skipped.append((candidate.id, "frees nothing"))
         else:
             eligible.append(candidate)
+    if last_action_at is not None and now - last_action_at < cooldown_s:
+        return ReliefPlan(
+            actions=(),
+            skipped=tuple(skipped),
+            projected_before=before,
+            projected_after=before,
+            reached_target=False,
+            reason="action cooldown in effect",
+        )
     demotions = sorted((c for c in eligible if c.can_demote), key=lambda c: (c.last_used, c.id))
     evictions = sorted((c for c in eligible if not c.can_demote), key=lambda c: (c.last_used, c.id))
     ordered = [(c, ReliefKind.DEMOTE) for c in demotions] + [

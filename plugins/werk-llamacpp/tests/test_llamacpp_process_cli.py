@@ -123,6 +123,7 @@ def test_werk_ps_shows_the_runtime_until_its_keep_alive_expires(tmp_path: Path) 
         assert runtime["pid"] == child.pid and runtime["busy"] == 0
         assert runtime["keep_alive_seconds"] == 2.0 and runtime["idle_until"] is not None
         assert isinstance(runtime["observed_bytes"], int) and runtime["observed_bytes"] > 0
+        assert isinstance(runtime["reserved_bytes"], int) and runtime["reserved_bytes"] > 0
         assert wait_until(lambda: ps(served.base_url) == [], timeout=15)
         assert wait_until(lambda: gone(child.pid), timeout=15)
         # The next request loads it again (a new process); its own keep_alive 0 unloads it at

@@ -208,14 +208,18 @@ class Served:
 
 @contextlib.contextmanager
 def werk_serve(
-    home: Path, args: Sequence[str] = ("--model", "demo"), env: dict[str, str] | None = None
+    home: Path,
+    args: Sequence[str] = ("--model", "demo"),
+    env: dict[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
 ) -> Iterator[Served]:
     """``werk serve`` on a free port; waits for ``/werk/v1/health``; always stops it and
     kills any llama-server still mentioning ``home`` (so one failed test cannot leak).
 
     A port taken by another process between choosing and binding it is retried (other tests
-    on the machine start servers too)."""
-    served = _start_serve(home, args, env)
+    on the machine start servers too). ``preexec`` runs in the child before ``werk`` starts
+    (e.g. :meth:`werk.testing.cgroups.LimitedCgroup.preexec`)."""
+    served = _start_serve(home, args, env, preexec)
     for attempt in (1, 2, 3):
         try:
             ready = _wait_healthy(served)
@@ -223,7 +227,7 @@ def werk_serve(
         except _PortTaken:
             if attempt == 3:
                 raise AssertionError(f"no free port for werk serve:\n{served.log()}") from None
-            served = _start_serve(home, args, env)
+            served = _start_serve(home, args, env, preexec)
     process = served.process
     try:
         assert ready, f"werk serve did not become ready:\n{served.log()}"
@@ -243,7 +247,12 @@ class _PortTaken(Exception):
     pass
 
 
-def _start_serve(home: Path, args: Sequence[str], env: dict[str, str] | None) -> Served:
+def _start_serve(
+    home: Path,
+    args: Sequence[str],
+    env: dict[str, str] | None,
+    preexec: Callable[[], None] | None = None,
+) -> Served:
     port = free_port()
     log_path = home.parent / f"werk-serve-{port}.log"
     with log_path.open("wb") as log:
@@ -253,6 +262,7 @@ def _start_serve(home: Path, args: Sequence[str], env: dict[str, str] | None) ->
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=preexec,
         )
     return Served(process, f"http://127.0.0.1:{port}", home, log_path)
 

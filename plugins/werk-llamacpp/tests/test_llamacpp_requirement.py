@@ -8,8 +8,14 @@ from pathlib import Path
 
 import gguf
 import pytest
-from test_llamacpp_process_support import demo_model
-from werk_llamacpp.requirement import COMPUTE_FIXED_BYTES, requirement_for
+from test_llamacpp_process_support import demo_model, needs_llama_server, spec_for
+from werk_llamacpp.inspect import FileIdentity, Inspection
+from werk_llamacpp.requirement import (
+    COMPUTE_FIXED_BYTES,
+    offload_reason,
+    requirement_for,
+    runtime_requirement,
+)
 
 from werk import InvalidRequest
 
@@ -84,3 +90,48 @@ def test_a_truncated_gguf_is_refused(tmp_path: Path) -> None:
     cut.write_bytes(model.read_bytes()[:200])
     with pytest.raises(InvalidRequest, match="not a readable GGUF"):
         requirement_for(cut, [])
+
+
+def _inspection(devices: tuple[str, ...] | None) -> Inspection:
+    return Inspection(
+        path=Path("/nonexistent/llama-server"),
+        identity=FileIdentity("/nonexistent/llama-server", 0, 0, 0, 0, 0),
+        sha256="0" * 64,
+        help_text="",
+        version_text="version: 1 (test)",
+        flags=frozenset(),
+        problems=(),
+        missing_essential=(),
+        devices=devices,
+    )
+
+
+def test_a_bound_is_given_only_when_the_child_cannot_offload() -> None:
+    cpu, gpu, unknown = _inspection(()), _inspection(("CUDA0: H200",)), _inspection(None)
+    assert offload_reason([], cpu) is None
+    assert offload_reason([], gpu) == "llama-server may offload to CUDA0: H200"
+    assert offload_reason([], unknown) is not None
+    for argv in (["-ngl", "0"], ["--n-gpu-layers", "0"], ["--device", "none"]):
+        assert offload_reason(argv, gpu) is None
+        assert offload_reason(argv, unknown) is None
+    assert offload_reason(["-ngl", "0", "-ngl", "99"], gpu) is not None  # the last one wins
+
+
+@needs_llama_server
+@pytest.mark.anyio
+async def test_the_plugin_requirement_is_the_formula_for_the_arguments_it_starts_with(
+    tmp_path: Path,
+) -> None:
+    model = demo_model(tmp_path)
+    spec = spec_for(model, {"parallel": 2, "ctx_size": 1024})
+    requirement = await runtime_requirement(spec)
+    assert requirement is not None and requirement.tier == "ram"
+    expected = requirement_for(model, ["-np", "3", "-c", str(3 * 1024)])  # 2 + the state slot
+    assert requirement.nbytes == expected.total_bytes
+    assert dict(requirement.parts) == {
+        "weights": expected.weights_bytes,
+        "kv cache": expected.kv_cache_bytes,
+        "compute": expected.compute_bytes,
+    }
+    missing = spec_for(model, {"llama_server": str(tmp_path / "no-such-llama-server")})
+    assert await runtime_requirement(missing) is None  # the start reports the real reason

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from werk import CapabilityId, InvalidRequest, Unavailable
+from werk import CapabilityId, InvalidRequest, ModelSpec, Unavailable
 
 from .inspect import Inspection
 
@@ -49,6 +49,7 @@ __all__ = [
     "build_args",
     "check_native_args",
     "last_value",
+    "model_file",
     "parse_options",
     "state_blockers",
 ]
@@ -268,6 +269,16 @@ def build_args(
     head_len = sum(len(g) for g in head)
     argv = tuple(real.get(t, t) if i < head_len else t for i, t in enumerate(public))
     return BuiltArgs(argv=argv, public=public, n_parallel=n_parallel)
+
+
+def model_file(spec: ModelSpec) -> Path:
+    """The GGUF file llama-server is started on (the model's first file).
+
+    :raises werk.InvalidRequest: the model has no files.
+    """
+    if not spec.files:
+        raise InvalidRequest(f"model {spec.id!r} has no files")
+    return spec.files[0]
 
 
 def last_value(argv: Sequence[str], *spellings: str) -> str | None:

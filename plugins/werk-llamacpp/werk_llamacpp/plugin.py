@@ -43,6 +43,7 @@ from werk import (
     PrefillCall,
     PrefillOutcome,
     Runtime,
+    RuntimeRequirement,
     Unavailable,
     hookimpl,
 )
@@ -72,6 +73,13 @@ async def _start_runtime(spec: ModelSpec) -> Runtime:
     return await start_runtime(spec)
 
 
+async def _runtime_requirement(spec: ModelSpec) -> RuntimeRequirement | None:
+    """``BackendDescriptor.requirement`` (imported on first use, like the process layer)."""
+    from .requirement import runtime_requirement
+
+    return await runtime_requirement(spec)
+
+
 async def _stop_runtime(runtime: Runtime) -> None:
     from .process import stop_runtime
 
@@ -87,6 +95,7 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             description="llama.cpp llama-server, one managed child process per model",
             start=_start_runtime,
             stop=_stop_runtime,
+            requirement=_runtime_requirement,
         )
     )
 

@@ -36,7 +36,6 @@ import httpx
 from werk import (
     BackendError,
     CapabilityId,
-    InvalidRequest,
     LoopbackClient,
     ModelSpec,
     ProcessExited,
@@ -55,6 +54,7 @@ from .args import (
     BuiltArgs,
     LaunchOptions,
     build_args,
+    model_file,
     parse_options,
     state_blockers,
 )
@@ -301,12 +301,6 @@ def _clients(port: int, api_key: str) -> tuple[httpx.AsyncClient, LoopbackClient
     return control, relay
 
 
-def _model_file(spec: ModelSpec) -> Path:
-    if not spec.files:
-        raise InvalidRequest(f"model {spec.id!r} has no files")
-    return spec.files[0]
-
-
 async def _wait_ready(child: Child, http: httpx.AsyncClient, timeout: float) -> None:
     """Poll ``/health`` until it answers 200, the child exits, or ``timeout`` passes."""
 
@@ -361,7 +355,7 @@ async def _spawn_ready(
         port, api_key = free_port(), secrets.token_urlsafe(32)
         built = build_args(
             inspection,
-            model=_model_file(spec),
+            model=model_file(spec),
             port=port,
             api_key=api_key,
             slot_dir=slot_dir,
@@ -415,7 +409,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             capability=CapabilityId.MODEL_RESIDENCY,
         )
     options = parse_options(spec.options)
-    _model_file(spec)
+    model_file(spec)
     inspection = await inspect_executable(located.path)  # help, version and hash: all done
     generation = new_generation()
     workdir = await anyio.to_thread.run_sync(prepare_generation, generation_root(), generation)

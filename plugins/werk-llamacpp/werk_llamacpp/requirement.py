@@ -19,6 +19,14 @@ tensor directory: ~20 ms for a 707 MB model) and from the child's effective argu
   logits, the feed-forward and attention activations of one micro-batch in f32, plus the
   process's fixed overhead (threads, HTTP server, tokenizer).
 
+**Where it applies.** The whole requirement is host memory (``ram``) only when the child cannot
+offload to an accelerator: the executable's ``--list-devices`` names no device (a CPU-only
+build), or the arguments say ``-ngl 0`` / ``--device none``. Otherwise
+:func:`runtime_requirement` gives no bound (``None``: the start is not accounted) rather than a
+wrong one; a split between RAM and VRAM is not computed yet. llama.cpp allocates the KV cache of
+every slot at start, so a restore or a decode never grows what the child holds: the requirement
+at load covers them.
+
 ``benchmarks/llamacpp_memory_requirement.py`` prints this estimate next to the child's observed
 peak RSS for the tiny and the medium demo models. Only the ``llama`` family's key names are read
 (``<arch>.block_count`` …, for the architecture the header names); a header without them is
@@ -27,16 +35,27 @@ refused (``invalid_request``) rather than guessed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from werk import InvalidRequest
+from werk import InvalidRequest, ModelSpec, RuntimeRequirement
 
-from .args import last_value
+from .args import build_args, last_value, model_file, parse_options
+from .executable import locate_llama_server
+from .inspect import Inspection, inspect_executable
 
-__all__ = ["COMPUTE_FIXED_BYTES", "MemoryRequirement", "requirement_for"]
+__all__ = [
+    "COMPUTE_FIXED_BYTES",
+    "MemoryRequirement",
+    "offload_reason",
+    "requirement_for",
+    "runtime_requirement",
+]
+
+log = logging.getLogger("werk.llamacpp")
 
 COMPUTE_FIXED_BYTES = 64 * 1024 * 1024
 DEFAULT_UBATCH = 512
@@ -143,3 +162,56 @@ def requirement_for(model: Path, argv: Sequence[str]) -> MemoryRequirement:
     if not 0 < requirement.total_bytes <= MAX_REQUIREMENT_BYTES:
         raise InvalidRequest("the GGUF header describes an implausible model size")
     return requirement
+
+
+def offload_reason(argv: Sequence[str], inspection: Inspection) -> str | None:
+    """Why the child may hold memory outside the host (``None``: it runs on the CPU alone)."""
+    layers = last_value(argv, "-ngl", "--gpu-layers", "--n-gpu-layers")
+    device = last_value(argv, "-dev", "--device")
+    if layers == "0" or (device is not None and device.lower() == "none"):
+        return None
+    if inspection.devices == ():
+        return None
+    if inspection.devices is None:
+        return "llama-server --list-devices did not list its devices"
+    return f"llama-server may offload to {', '.join(inspection.devices)}"
+
+
+async def runtime_requirement(spec: ModelSpec) -> RuntimeRequirement | None:
+    """``BackendDescriptor.requirement``: the host memory the child for ``spec`` will need,
+    from the same arguments the start builds; ``None`` when it may offload (see above) or no
+    executable is found (the start then fails with its own reason).
+
+    :raises werk.InvalidRequest: bad model options or native arguments, or a GGUF header
+        without the metadata the formula needs.
+    """
+    import anyio
+
+    located = locate_llama_server(spec.options)
+    if located.path is None:
+        return None
+    options = parse_options(spec.options)
+    model = model_file(spec)
+    inspection = await inspect_executable(located.path)
+    built = build_args(
+        inspection,
+        model=model,
+        port=1,
+        api_key="-",
+        slot_dir=Path("-"),
+        alias=spec.id,
+        options=options,
+    )
+    reason = offload_reason(built.argv, inspection)
+    if reason is not None:
+        log.info("no memory bound for model %s: %s", spec.id, reason)
+        return None
+    need = await anyio.to_thread.run_sync(requirement_for, model, built.argv)
+    return RuntimeRequirement(
+        nbytes=need.total_bytes,
+        parts=(
+            ("weights", need.weights_bytes),
+            ("kv cache", need.kv_cache_bytes),
+            ("compute", need.compute_bytes),
+        ),
+    )
