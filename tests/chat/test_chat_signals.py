@@ -9,6 +9,7 @@ signal came while a reply was streaming or while the model was still "loading" i
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -102,3 +103,27 @@ def test_normal_completion_stops_the_runtime(home: Path, plugin_site: Path) -> N
     phases = proc.stderr
     assert "runtime: ready" in phases and "runtime: stopped" in phases
     assert phases.index("runtime: ready") < phases.index("runtime: stopped")
+
+
+@pytest.mark.parametrize(("mode", "phase"), [("on", "released for 1 of 1"), ("off", None)])
+def test_the_model_file_cache_is_released_after_the_runtime_stopped(
+    home: Path, plugin_site: Path, mode: str, phase: str | None
+) -> None:
+    """``werk run`` holds a lease on the model file while its runtime runs and, with
+    ``WERK_MODEL_CACHE_RELEASE=on``, releases its page cache after the stop (mincore)."""
+    from werk.memory.pages import resident_pages
+
+    model_file = import_model(home, plugin_site, "sm", "standin", "stand-in model\n" * 2048)
+    model_file.read_bytes()  # in the page cache, as the backend's reads would leave it
+    os.sync()
+    env = {"WERK_MODEL_CACHE_RELEASE": mode}
+    proc = ok(werk(home, plugin_site, "run", "sm", "-v", "a b c", **env))
+    phases = proc.stderr
+    after = resident_pages(model_file)
+    if phase is None:
+        assert "model file cache" not in phases
+        assert after.resident == after.total
+    else:
+        assert f"model file cache: {phase} file(s)" in phases
+        assert phases.index("runtime: stopped") < phases.index("model file cache")
+        assert after.resident == 0

@@ -281,6 +281,20 @@ def test_keep_alive_option_refuses_what_is_not_a_duration(tmp_path: Path) -> Non
         assert "--keep-alive" in result.stderr and "serving on" not in result.stderr
 
 
+def test_a_bad_model_cache_release_setting_is_refused_before_serving(tmp_path: Path) -> None:
+    env = {**server_env(tmp_path, None), "WERK_MODEL_CACHE_RELEASE": "sometimes"}
+    result = subprocess.run(
+        [str(WERK), "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "WERK_MODEL_CACHE_RELEASE must be auto, on or off, not 'sometimes'" in result.stderr
+    assert "serving on" not in result.stderr
+
+
 # -- binding -------------------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ..backends import BackendDescriptor, ModelSpec, OpenAICall, OpenAIReply, Operation, Runtime
+from ..memory.filecache import ModelFileLease, cache_release_enabled
 from ..models import ModelRegistry
 from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import BackendError, CapabilityId, PayloadTooLarge, Unavailable, WerkError
@@ -87,6 +88,8 @@ class LocalEngine:
         self._descriptor: BackendDescriptor | None = None
         self._spec: ModelSpec | None = None
         self._runtime: Runtime | None = None
+        self._lease: ModelFileLease | None = None
+        self._cache_release = False
         self._native: NativeChatCache | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -129,6 +132,7 @@ class LocalEngine:
                 capability=CapabilityId.MODEL_RESIDENCY,
             )
         self._descriptor, self._spec = descriptor, spec
+        self._cache_release = cache_release_enabled()  # a bad value fails before any start
         self._portal = self._stack.enter_context(start_blocking_portal("asyncio"))
         self._start_runtime()
         self._phase("cache capability probe: skipped; reuse checked on actual requests")
@@ -139,6 +143,8 @@ class LocalEngine:
         assert descriptor is not None and descriptor.start is not None and spec is not None
         start = descriptor.start
         self._phase(f"runtime: starting {spec.backend} for {spec.id}")
+
+        self._lease = ModelFileLease.acquire(spec.files)
 
         async def started() -> None:
             try:
@@ -202,16 +208,33 @@ class LocalEngine:
                 portal.call(native.close)
             except Exception:
                 log.exception("closing the native chat cache failed")
-        if runtime is None or descriptor is None or descriptor.stop is None:
-            return
-        self._runtime = None
-        self._phase(f"runtime: stopping generation {runtime.generation}")
+        stopped = False
         try:
-            portal.call(descriptor.stop, runtime)
-        except Exception:
-            log.exception("stopping the %s runtime failed", runtime.backend)
-        runtime.alive = False
-        self._phase("runtime: stopped")
+            if runtime is None or descriptor is None or descriptor.stop is None:
+                return
+            self._runtime = None
+            self._phase(f"runtime: stopping generation {runtime.generation}")
+            try:
+                portal.call(descriptor.stop, runtime)
+                stopped = True
+            except Exception:
+                log.exception("stopping the %s runtime failed", runtime.backend)
+            runtime.alive = False
+            self._phase("runtime: stopped")
+        finally:
+            self._end_lease(stopped=stopped or runtime is None)
+
+    def _end_lease(self, *, stopped: bool) -> None:
+        """After the runtime is gone: end the model file leases and, when release is on
+        (``WERK_MODEL_CACHE_RELEASE``), release the files' page cache."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        drop = stopped and self._cache_release
+        results = lease.release(drop_cache=drop)
+        if drop:
+            released = sum(1 for r in results if r.outcome == "released")
+            self._phase(f"model file cache: released for {released} of {len(results)} file(s)")
 
     # -- waiting on the loop -------------------------------------------------------------------
 

@@ -151,6 +151,7 @@ def serve(
     from ..http.auth import Authenticator
     from ..http.guard import is_loopback_host
     from ..http.server import configure_logging, make_server
+    from ..memory.filecache import cache_release_enabled
     from ..models import ModelRegistry
     from ..plugins import get_plugin_manager
     from ..state.principals import NamespaceKey, principal_for_api_key
@@ -202,6 +203,7 @@ def serve(
                 namespace_key=namespace_key,
                 persistence_defaults=defaults,
                 keep_alive_seconds=keep_alive_seconds,
+                model_cache_release=cache_release_enabled(),
             ),
         )
     except WerkError as exc:
@@ -220,6 +222,11 @@ def serve(
     mode = "API keys" if auth.mode is AuthMode.API_KEY else "unauthenticated local mode"
     typer.echo(f"werk: serving on http://{host}:{port} ({mode}); WERK_HOME={home}", err=True)
     typer.echo(f"werk: models: {shown}", err=True)
+    if service.config.model_cache_release:
+        typer.echo(
+            "werk: model file caches are released after unload (WERK_MODEL_CACHE_RELEASE)",
+            err=True,
+        )
     if not manifests:
         typer.echo(
             "werk: no models configured; import one with `werk models import PATH --id ID` "

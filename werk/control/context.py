@@ -37,6 +37,8 @@ class ServiceConfig:
     persistence_defaults: PersistenceDefaults | None = None
     keep_alive_seconds: float | None = DEFAULT_KEEP_ALIVE_SECONDS
     """How long a runtime stays loaded when idle (``werk serve --keep-alive``; None: forever)."""
+    model_cache_release: bool = False
+    """Release model files' page cache after unload (``WERK_MODEL_CACHE_RELEASE``)."""
 
 
 class ServiceContext(Protocol):

@@ -30,12 +30,14 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import anyio.from_thread
 
 from .._units import format_bytes
 from ..backends import BackendDescriptor, ModelSpec, Runtime, RuntimeRequirement
+from ..memory.filecache import ModelFileLease
 from ..memory.manager import (
     Allocation,
     MemoryManager,
@@ -120,6 +122,9 @@ class RuntimeManager:
     :param memory: admission control for backends that give a requirement (``None``: none).
     :param handoff_generations: generations a live handoff refers to (relief skips them).
     :param pinned_generations: generations holding a pinned in-memory state (skipped too).
+    :param cache_release: after a runtime's stop, release the page cache of its model files
+        (``WERK_MODEL_CACHE_RELEASE``; see :mod:`werk.memory.filecache`). Leases on the files
+        are taken either way.
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class RuntimeManager:
         memory: MemoryManager | None = None,
         handoff_generations: Callable[[], Collection[str]] = _no_generations,
         pinned_generations: Callable[[], Collection[str]] = _no_generations,
+        cache_release: bool = False,
     ):
         if keep_alive is not None and keep_alive < 0:
             raise ValueError("keep_alive must be >= 0 seconds or None (never)")
@@ -152,6 +158,8 @@ class RuntimeManager:
         self._handoff_generations = handoff_generations
         self._pinned_generations = pinned_generations
         self._allocations: dict[str, Allocation] = {}
+        self._leases: dict[str, ModelFileLease] = {}
+        self.cache_release = cache_release
         self._last_used: dict[str, float] = {}
         if memory is not None:
             memory.set_relief(
@@ -329,11 +337,14 @@ class RuntimeManager:
             reservation = await anyio.to_thread.run_sync(self._reserve, spec, requirement)
         else:
             reservation = None
+        lease = await anyio.to_thread.run_sync(ModelFileLease.acquire, spec.files)
         try:
             runtime = await descriptor.start(spec)
         except BaseException as exc:
             if reservation is not None and self._memory is not None:
                 self._memory.cancel(reservation)
+            with anyio.CancelScope(shield=True):
+                await self._end_lease(spec.id, lease, stopped=True)
             if not isinstance(exc, Exception):
                 raise
             self._failures[spec.id] = (failures + 1, self._clock())
@@ -349,7 +360,23 @@ class RuntimeManager:
             self._allocations[spec.id] = self._memory.commit(reservation, reservation.nbytes)
         self._failures.pop(spec.id, None)
         self._runtimes[spec.id] = runtime
+        self._leases[spec.id] = lease
         return runtime
+
+    async def _end_lease(self, model: str, lease: ModelFileLease, *, stopped: bool) -> None:
+        """End a runtime's file leases; its page cache is released only when its backend's
+        stop succeeded (its processes are gone) and release is on."""
+        drop = self.cache_release and stopped
+        results = await anyio.to_thread.run_sync(lambda: lease.release(drop_cache=drop))
+        released = sum(1 for r in results if r.outcome == "released")
+        kept = [f"{Path(r.path).name} ({r.outcome})" for r in results if r.outcome != "released"]
+        log.info(
+            "model %s: file leases ended; page cache released for %d of %d file(s)%s",
+            model,
+            released,
+            len(results),
+            f"; kept: {', '.join(kept)}" if kept else "",
+        )
 
     async def _requirement(
         self, descriptor: BackendDescriptor, spec: ModelSpec
@@ -476,6 +503,10 @@ class RuntimeManager:
         runtime.alive = False
         if allocation is not None and self._memory is not None:
             self._memory.release(allocation, _released if ok else _release_failed)
+        lease = self._leases.pop(model_id, None)
+        if lease is not None:
+            with anyio.CancelScope(shield=True):
+                await self._end_lease(model_id, lease, stopped=ok)
         return ok
 
     async def aclose(self) -> None:

@@ -155,6 +155,7 @@ class LocalControlService(WerkControl):
             memory=self.memory_manager,
             handoff_generations=self.handoffs.generations_in_use,
             pinned_generations=self.volatile.pinned_generations,
+            cache_release=config.model_cache_release,
         )
         self.job_store = JobStore(config.home, clock=clock)
         self._job_send: MemoryObjectSendStream[_QueuedJob] | None = None  # while run_jobs runs
