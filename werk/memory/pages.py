@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PAGE_SIZE", "Residency", "resident_pages"]
+__all__ = ["MAP_FAILED", "PAGE_SIZE", "Residency", "libc_calls", "resident_pages"]
 
 PAGE_SIZE = mmap.PAGESIZE
 
@@ -34,10 +34,11 @@ class Residency:
         return self.resident / self.total if self.total else 0.0
 
 
-_MAP_FAILED = ctypes.c_void_p(-1).value
+MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _libc() -> ctypes.CDLL:
+def libc_calls() -> ctypes.CDLL:
+    """The C library with the signatures of ``mmap``, ``munmap``, ``mincore`` and ``madvise``."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [
@@ -50,6 +51,7 @@ def _libc() -> ctypes.CDLL:
     ]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return libc
 
 
@@ -69,9 +71,9 @@ def resident_pages(path: Path, offset: int = 0, length: int | None = None) -> Re
             raise ValueError(f"range {offset}+{length} is outside the {size}-byte file")
         if length == 0:
             return Residency(0, 0)
-        libc = _libc()
+        libc = libc_calls()
         address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, offset)
-        if address in (None, _MAP_FAILED):
+        if address in (None, MAP_FAILED):
             err = ctypes.get_errno()
             raise OSError(err, f"mmap of {path}: {os.strerror(err)}")
         try:
