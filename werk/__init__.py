@@ -73,6 +73,7 @@ if TYPE_CHECKING:
         NotSent,
         ResponseTooLarge,
     )
+    from .memory.prepare import PageRange, PreparedPages, host_budget, prepare_pages_async
     from .models import (
         ModelManifest,
         ModelRegistry,
@@ -128,6 +129,10 @@ if TYPE_CHECKING:
     )
 
 _HOME: dict[str, str] = {
+    "PageRange": ".memory.prepare",
+    "PreparedPages": ".memory.prepare",
+    "host_budget": ".memory.prepare",
+    "prepare_pages_async": ".memory.prepare",
     "create_private_file": "._fs",
     "fsync_dir": "._fs",
     "fsync_file": "._fs",
@@ -274,11 +279,13 @@ __all__ = [
     "OpenAIReply",
     "OpenAIRoute",
     "Operation",
+    "PageRange",
     "PayloadTooLarge",
     "PersistenceDefaults",
     "Policy",
     "PrefillCall",
     "PrefillOutcome",
+    "PreparedPages",
     "ProcessExited",
     "ResourceExhausted",
     "ResponseTooLarge",
@@ -308,8 +315,10 @@ __all__ = [
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
+    "host_budget",
     "listens_on",
     "openai_upstream",
+    "prepare_pages_async",
     "renamed",
     "replace_private_file",
     "sweep_stale_workdirs",

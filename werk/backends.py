@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from .protocol.capabilities import CapabilityId
 from .protocol.policy import PersistenceDefaults, Policy
 from .protocol.prefill import ChatMessage, FinishReason
-from .protocol.residency import ExpertTier
+from .protocol.residency import ExpertTier, PagePreparation
 
 __all__ = [
     "OPERATION_CAPABILITY",
@@ -201,6 +201,8 @@ class Runtime:
     :ivar pid: the process that serves this runtime alone, if there is one (``werk ps`` shows
         it and the resident memory of its process tree); ``None`` for a runtime in a shared
         worker, an endpoint or in-process.
+    :ivar preparation: what page preparation (:mod:`werk.memory.prepare`) did before the native
+        load, if any applied (``werk ps -v`` shows it).
     """
 
     backend: str
@@ -212,6 +214,7 @@ class Runtime:
     args: tuple[str, ...] = ()
     cache_layout: str = ""
     pid: int | None = None
+    preparation: PagePreparation | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,3 +179,27 @@ def test_the_host_budget_keeps_preparation_below_the_soft_threshold() -> None:
         raise OSError("no /proc")
 
     assert "could not be sampled" in str(host_budget(failing)(1))
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_caller_waits_for_the_workers_and_drops_the_mappings(
+    model: Path,
+) -> None:
+    import anyio
+
+    from werk.memory.prepare import prepare_pages_async
+
+    started = threading.Event()
+
+    def slow(remaining: int) -> str | None:
+        started.set()
+        time.sleep(0.05)  # per chunk: the cancellation arrives mid-way
+        return None
+
+    with anyio.move_on_after(0.2) as scope:
+        await prepare_pages_async(
+            model, [EXPERTS], deadline_seconds=30, budget=slow, chunk_bytes=P, workers=1
+        )
+    assert scope.cancelled_caught and started.is_set()
+    assert not [t for t in threading.enumerate() if t.name.startswith("werk-prepare")]
+    assert mapped_bytes(model) == 0

@@ -268,6 +268,7 @@ class LocalControlService(WerkControl):
                     keep_alive_seconds=e.keep_alive,
                     reserved_bytes=e.reserved,
                     observed_bytes=bytes_,
+                    preparation=e.runtime.preparation,
                 )
                 for e, bytes_ in zip(entries, rss, strict=True)
             ]

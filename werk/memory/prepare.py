@@ -37,8 +37,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..protocol.memory import HostMemory
+from ..protocol.residency import PagePreparation
 from .pages import MAP_FAILED, PAGE_SIZE, libc_calls
 from .pressure import SOFT_THRESHOLD, utilisation
 from .telemetry import sample_host
@@ -53,6 +55,7 @@ __all__ = [
     "complete_pages",
     "host_budget",
     "prepare_pages",
+    "prepare_pages_async",
 ]
 
 CHUNK_BYTES = 32 * 1024 * 1024
@@ -116,25 +119,8 @@ def complete_pages(ranges: Iterable[PageRange], file_size: int) -> list[PageRang
     return merged
 
 
-@dataclass(frozen=True)
-class PreparationReport:
-    """What one preparation did.
-
-    :ivar outcome: ``completed``, ``stopped: <why>`` (deadline, memory pressure, cancelled,
-        an error), or ``skipped: <why>`` (nothing to prepare, the budget, not Linux…).
-    :ivar seconds: wall time, workers joined.
-    :ivar checked_bytes: bytes whose residency was checked with ``mincore``.
-    :ivar missing_bytes: of those, bytes that were not resident.
-    :ivar prefaulted_bytes: bytes populated with ``MADV_POPULATE_READ``.
-    :ivar retained_bytes: bytes still mapped after it ended (0 unless completed).
-    """
-
-    outcome: str
-    seconds: float = 0.0
-    checked_bytes: int = 0
-    missing_bytes: int = 0
-    prefaulted_bytes: int = 0
-    retained_bytes: int = 0
+PreparationReport = PagePreparation
+"""What one preparation did (the wire struct ``werk ps -v`` shows)."""
 
 
 class PreparedPages:
@@ -144,6 +130,11 @@ class PreparedPages:
         self.report = report
         self._mappings = mappings
         self._lock = threading.Lock()
+
+    @classmethod
+    def skipped(cls, reason: str) -> PreparedPages:
+        """A preparation that did not run, with the reason (``skipped: <reason>``)."""
+        return cls(PagePreparation(outcome=f"skipped: {reason}"), [])
 
     @property
     def retained_bytes(self) -> int:
@@ -327,3 +318,34 @@ def _prepare_chunk(libc: ctypes.CDLL, fd: int, piece: PageRange, state: _Shared)
         libc.munmap(address, piece.length)
         raise
     state.add((address, piece.length), checked=piece.length, missing=missing, done=piece.length)
+
+
+async def prepare_pages_async(
+    path: Path, ranges: Iterable[PageRange], **options: Any
+) -> PreparedPages:
+    """:func:`prepare_pages` in a thread of its own. A cancellation of the caller (a signal on
+    the CLI path, a server shutdown) stops it between chunks, waits for its workers and drops
+    its mappings before the cancellation goes on: nothing outlives the caller."""
+    import anyio
+
+    cancel = threading.Event()
+    result: list[PreparedPages] = []
+
+    def run() -> None:
+        result.append(prepare_pages(path, ranges, cancel=cancel, **options))
+
+    thread = threading.Thread(target=run, name="werk-prepare", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            await anyio.sleep(0.01)
+    except BaseException:
+        cancel.set()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(thread.join)
+        for prepared in result:
+            prepared.close()
+        raise
+    if not result:  # prepare_pages never raises; a bug must not stop the native load
+        return PreparedPages(PagePreparation(outcome="stopped: preparation failed"), [])
+    return result[0]

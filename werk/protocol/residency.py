@@ -23,8 +23,11 @@ __all__ = [
     "ExpertTier",
     "ModelInfo",
     "ModelList",
+    "PagePreparation",
     "ResidencyRequest",
     "ResidencyResult",
+    "RuntimeInfo",
+    "RuntimeList",
 ]
 
 MAX_EXPERTS_PER_REQUEST = 4096
@@ -43,6 +46,24 @@ class ModelList(Response, frozen=True, kw_only=True):
     models: list[ModelInfo]
 
 
+class PagePreparation(Response, frozen=True, kw_only=True):
+    """What page preparation did before a runtime's native load (``werk ps -v``).
+
+    ``outcome``: ``completed``, ``stopped: <why>`` (deadline, memory pressure, cancelled, an
+    error: every mapping was dropped) or ``skipped: <why>``. ``checked_bytes``: residency
+    checked with ``mincore``; ``missing_bytes``: of those, not resident before;
+    ``prefaulted_bytes``: populated with ``MADV_POPULATE_READ``; ``retained_bytes``: still
+    mapped while the runtime lives (0 unless completed).
+    """
+
+    outcome: str
+    seconds: float = 0.0
+    checked_bytes: int = 0
+    missing_bytes: int = 0
+    prefaulted_bytes: int = 0
+    retained_bytes: int = 0
+
+
 class RuntimeInfo(Response, frozen=True, kw_only=True):
     """One loaded runtime (``GET /werk/v1/runtimes``, ``werk ps``). Runtimes serve models, not
     principals: nothing here belongs to a caller.
@@ -52,6 +73,8 @@ class RuntimeInfo(Response, frozen=True, kw_only=True):
     goes idle (``null``: never). ``reserved_bytes`` is Werk's memory reservation for it
     (``null`` until its backend supplies a memory requirement); ``observed_bytes`` the resident
     memory of its process tree now (``null`` without a process or when it cannot be read).
+    ``preparation`` is what page preparation did before its native load (``null`` when none
+    applied, e.g. a dense model).
     """
 
     model: str
@@ -65,6 +88,7 @@ class RuntimeInfo(Response, frozen=True, kw_only=True):
     keep_alive_seconds: float | None
     reserved_bytes: int | None
     observed_bytes: int | None
+    preparation: PagePreparation | None = None
 
 
 class RuntimeList(Response, frozen=True, kw_only=True):

@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from werk import InvalidRequest
 
-DemoSize = Literal["tiny", "medium"]
+DemoSize = Literal["tiny", "medium", "moe"]
 
 EOS = "<|endoftext|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -59,6 +59,9 @@ class Shape:
     n_head_kv: int
     n_ff: int
     n_ctx: int
+    n_expert: int = 0
+    """Experts per layer (0: a dense model); a MoE layer has ``ffn_*_exps`` tensors."""
+    n_expert_used: int = 0
 
 
 SHAPES: dict[str, Shape] = {
@@ -68,6 +71,19 @@ SHAPES: dict[str, Shape] = {
     # ~0.7 GB in F16. Sized for the prefix-value benchmark: a 2,000-token cold prefill took 25-29 s
     # on this 2-core machine (AVX2 build, other work running); all 22 layers took 93 s.
     "medium": Shape(n_embd=2048, n_layer=8, n_head=32, n_head_kv=4, n_ff=5632, n_ctx=4096),
+    # A Mixtral-style MoE in llama.cpp's ``llama`` architecture: 8 experts, 2 used per token;
+    # 24 MiB of expert tensors (``blk.N.ffn_{gate,up,down}_exps``) in a ~27 MB file, for CPU
+    # expert page preparation.
+    "moe": Shape(
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        n_head_kv=4,
+        n_ff=512,
+        n_ctx=4096,
+        n_expert=8,
+        n_expert_used=2,
+    ),
 }
 
 
@@ -139,10 +155,21 @@ def _tensor_plan(shape: Shape, n_vocab: int) -> list[tuple[str, tuple[int, ...]]
             (f"blk.{i}.attn_v.weight", (n_kv, e)),
             (f"blk.{i}.attn_output.weight", (e, e)),
             (f"blk.{i}.ffn_norm.weight", (e,)),
-            (f"blk.{i}.ffn_gate.weight", (ff, e)),
-            (f"blk.{i}.ffn_up.weight", (ff, e)),
-            (f"blk.{i}.ffn_down.weight", (e, ff)),
         ]
+        if shape.n_expert:
+            x = shape.n_expert
+            plan += [
+                (f"blk.{i}.ffn_gate_inp.weight", (x, e)),
+                (f"blk.{i}.ffn_gate_exps.weight", (x, ff, e)),
+                (f"blk.{i}.ffn_up_exps.weight", (x, ff, e)),
+                (f"blk.{i}.ffn_down_exps.weight", (x, e, ff)),
+            ]
+        else:
+            plan += [
+                (f"blk.{i}.ffn_gate.weight", (ff, e)),
+                (f"blk.{i}.ffn_up.weight", (ff, e)),
+                (f"blk.{i}.ffn_down.weight", (e, ff)),
+            ]
     plan += [("output_norm.weight", (e,)), ("output.weight", (n_vocab, e))]
     return plan
 
@@ -172,6 +199,9 @@ def _add_metadata(
     writer.add_embedding_length(shape.n_embd)
     writer.add_block_count(shape.n_layer)
     writer.add_feed_forward_length(shape.n_ff)
+    if shape.n_expert:
+        writer.add_expert_count(shape.n_expert)
+        writer.add_expert_used_count(shape.n_expert_used)
     writer.add_head_count(shape.n_head)
     writer.add_head_count_kv(shape.n_head_kv)
     writer.add_rope_dimension_count(shape.n_embd // shape.n_head)

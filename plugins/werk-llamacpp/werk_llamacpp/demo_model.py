@@ -79,14 +79,17 @@ def ensure_demo_file(path: Path, *, seed: int, size: str) -> tuple[Path, bool]:
     return path, True
 
 
-SIZES = ("tiny", "medium")
+SIZES = ("tiny", "medium", "moe")
 
 
 def create_demo(request: DemoRequest) -> list[Path]:
     """``DemoModel.create`` of kind ``gguf``: the demo GGUF for ``request`` (kept when an
     identical one is already there)."""
     if request.size not in SIZES:
-        raise InvalidRequest("--size must be 'tiny' (~1 MB) or 'medium' (~1 B params, ~1.9 GB)")
+        raise InvalidRequest(
+            "--size must be 'tiny' (~1 MB), 'medium' (~0.35 B params, ~0.7 GB) or 'moe' "
+            "(8 experts, ~27 MB)"
+        )
     path, generated = ensure_demo_file(
         request.output or default_output(request.model_id, request.home),
         seed=request.seed,
@@ -101,6 +104,9 @@ def create_demo(request: DemoRequest) -> list[Path]:
 DEMO = DemoModel(
     kind="gguf",
     backend="llamacpp",
-    description="random-weight LLaMA GGUF, byte-level tokenizer (tiny ~1 MB, medium ~1.9 GB)",
+    description=(
+        "random-weight LLaMA GGUF, byte-level tokenizer (tiny ~1 MB, medium ~0.7 GB, "
+        "moe: 8 experts ~27 MB)"
+    ),
     create=create_demo,
 )

@@ -38,6 +38,7 @@ from werk import (
     CapabilityId,
     LoopbackClient,
     ModelSpec,
+    PreparedPages,
     ProcessExited,
     Runtime,
     SupervisedProcess,
@@ -59,6 +60,7 @@ from .args import (
     state_blockers,
 )
 from .executable import locate_llama_server
+from .expert_pages import prepare_expert_pages
 from .handle import LlamaHandle, ProbeResult, ProbeStatus
 from .inspect import (
     Inspection,
@@ -266,6 +268,7 @@ class ManagedHandle(LlamaHandle):
     :ivar model_alias: the model name the child expects in ``/v1`` bodies.
     :ivar n_ctx: the context of one slot (``/props``).
     :ivar picker: chooses a ``/v1`` slot (never one of ``state_slots``).
+    :ivar prepared: the expert pages prepared before the spawn (mappings retained until stop).
     """
 
     child: Child = field(kw_only=True)
@@ -275,6 +278,7 @@ class ManagedHandle(LlamaHandle):
     n_ctx: int = field(kw_only=True)
     picker: SlotPicker = field(kw_only=True)
     stopped: bool = field(default=False, kw_only=True)
+    prepared: PreparedPages | None = field(default=None, kw_only=True)
 
 
 def _clients(port: int, api_key: str) -> tuple[httpx.AsyncClient, LoopbackClient]:
@@ -411,8 +415,18 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     options = parse_options(spec.options)
     model_file(spec)
     inspection = await inspect_executable(located.path)  # help, version and hash: all done
-    generation = new_generation()
-    workdir = await anyio.to_thread.run_sync(prepare_generation, generation_root(), generation)
+    # Every preparation worker is joined (and its mappings dropped on any stop) before this
+    # returns: the child never starts while Werk is still reading the file.
+    prepared = await prepare_expert_pages(model_file(spec), options.native_args, inspection)
+    if prepared is not None:
+        log.info("expert pages of model %s: %s", spec.id, prepared.report.outcome)
+    try:
+        generation = new_generation()
+        workdir = await anyio.to_thread.run_sync(prepare_generation, generation_root(), generation)
+    except BaseException:
+        if prepared is not None:
+            prepared.close()
+        raise
     slot_dir = workdir.path / "slots"
     digest = start_rehash(inspection)  # for the post-readiness check, while the child loads
     try:
@@ -421,6 +435,8 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         )
     except BaseException:
         workdir.release()
+        if prepared is not None:
+            prepared.close()
         raise
     try:
         total_slots, n_ctx, alias = await _props(http)
@@ -448,6 +464,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             model_alias=alias or spec.id,
             n_ctx=n_ctx,
             picker=SlotPicker(general),
+            prepared=prepared,
         )
         if blockers:
             handle.probe = ProbeResult(
@@ -465,12 +482,15 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
                 f"state_slots={','.join(map(str, state_slots)) or 'none'}"
             ),
             pid=child.pid,
+            preparation=None if prepared is None else prepared.report,
         )
     except BaseException:
         child.kill_now()
         with anyio.CancelScope(shield=True):
             await _close(http, relay)
         child.remove_dir()
+        if prepared is not None:
+            prepared.close()
         raise
 
     def died(code: int) -> None:
@@ -518,6 +538,8 @@ async def stop_runtime(runtime: Runtime) -> None:
     handle.stopped = True
     with anyio.CancelScope(shield=True):
         code = await handle.child.terminate()
+        if handle.prepared is not None:
+            handle.prepared.close()  # before the host's model file-cache release
         await _close(handle.http, handle.v1)
         await anyio.to_thread.run_sync(handle.child.remove_dir)
     log.info("llama-server %s (generation %s) stopped (%s)", handle.pid, handle.generation, code)

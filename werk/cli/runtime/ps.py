@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from ...protocol import RuntimeList
+import functools
+from typing import Annotated
+
+import typer
+
+from ...protocol import PagePreparation, RuntimeList
 from ._common import (
     DEFAULT_SERVER,
     DEFAULT_TIMEOUT,
@@ -18,11 +23,22 @@ from ._render import show, size, table
 __all__ = ["ps"]
 
 
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Also show what page preparation did before each runtime's native load.",
+    ),
+]
+
+
 def ps(
     server: ServerOpt = DEFAULT_SERVER,
     api_key_file: KeyFileOpt = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """List the models a running server has loaded: backend, process id, generation, age,
     work in progress, when it unloads if left idle (`werk serve --keep-alive`, or a request's
@@ -31,7 +47,7 @@ def ps(
         Connection(server, api_key_file, timeout),
         as_json,
         lambda client: client.runtimes(),
-        _print,
+        functools.partial(_print, verbose=verbose),
     )
 
 
@@ -45,7 +61,7 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:g}h"
 
 
-def _print(listing: RuntimeList) -> None:
+def _print(listing: RuntimeList, *, verbose: bool = False) -> None:
     if not listing.runtimes:
         show("No model is loaded. The first request for a model starts it.")
         return
@@ -80,4 +96,17 @@ def _print(listing: RuntimeList) -> None:
                 for r in listing.runtimes
             ],
         )
+    )
+    if verbose:
+        for r in listing.runtimes:
+            show(f"{r.model}: page preparation: {_preparation(r.preparation)}")
+
+
+def _preparation(p: PagePreparation | None) -> str:
+    if p is None:
+        return "none (no expert tensors, or not a local process)"
+    return (
+        f"{p.outcome} in {p.seconds:.3f} s; checked {size(p.checked_bytes)}, missing "
+        f"{size(p.missing_bytes)}, prefaulted {size(p.prefaulted_bytes)}, retained "
+        f"{size(p.retained_bytes)}"
     )
