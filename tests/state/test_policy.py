@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -269,3 +270,36 @@ def test_no_decision_is_fresh_under_required(reuse: Reuse, lookup: Lookup) -> No
         return
     if reuse is Reuse.REQUIRED:
         assert outcome is ReuseOutcome.REUSED
+
+
+def test_across_generations_waives_the_generation_and_nothing_else() -> None:
+    runtime = env()
+    earlier = env(generation="gen-0")
+    assert not earlier.compatible_with(runtime)
+    assert earlier.compatible_with(runtime, across_generations=True)
+    assert earlier.differences(runtime) == ["generation"]
+    for changed in (
+        env(generation="gen-0", executable="sha256:" + "c" * 64),
+        env(generation="gen-0", cache_layout="v2"),
+        env(generation="gen-0", principal="p_other"),
+        Envelope(**{**msgspec.structs.asdict(earlier), "runtime_args": ("--ctx", "1024")}),
+    ):
+        assert not changed.compatible_with(runtime, across_generations=True)
+        assert "generation" in changed.differences(runtime)
+        assert len(changed.differences(runtime)) == 2
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["adapter", "backend", "executable", "model_identity", "cache_layout"]),
+        st.text(min_size=1, max_size=8),
+    ),
+    st.text(min_size=1, max_size=8),
+)
+def test_compatibility_across_generations_is_equality_without_the_generation(
+    changes: dict[str, str], generation: str
+) -> None:
+    other = env(generation=generation, **changes)
+    same_elsewhere = all(getattr(other, k) == getattr(env(), k) for k in changes)
+    assert other.compatible_with(env(), across_generations=True) is same_elsewhere
+    assert set(other.differences(env())) <= {"generation", *changes}

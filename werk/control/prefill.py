@@ -35,9 +35,11 @@ from ..backends import (
 )
 from ..protocol import (
     CapabilityId,
+    CapabilityStatus,
     DecodeRequest,
     DecodeResponse,
     DecodeUsage,
+    IncompatibleState,
     PrefillRequest,
     PrefillResponse,
     PrefillUsage,
@@ -59,7 +61,7 @@ from ..state.policy import (
 )
 from ..state.principals import prompt_fingerprint
 from .context import ServiceContext
-from .gates import gate
+from .gates import gate, status_of
 
 __all__ = ["PrefillFlow"]
 
@@ -71,6 +73,8 @@ class _Reusable:
     state_id: str
     payload: BackendState
     summary: StateSummary
+    earlier_generation: bool = False
+    """A disk state an earlier process generation made (restored on cross-restart proof)."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,9 @@ class PrefillFlow:
         envelope: Envelope,
         runtime: Runtime,
         allow_experimental: bool,
-    ) -> tuple[list[Envelope], _Reusable | None]:
-        """Envelopes of every candidate state, and a loaded compatible one if any."""
+    ) -> tuple[list[Envelope], _Reusable | None, IncompatibleState | None]:
+        """Envelopes of every candidate state, a loaded compatible one if any, and the
+        backend's refusal of an earlier generation's state (when it refused one)."""
         volatile = self.s.volatile.find(principal, fingerprint)
         stored = await anyio.to_thread.run_sync(
             lambda: self.s.catalog.find(principal, fingerprint=fingerprint)
@@ -121,7 +126,8 @@ class PrefillFlow:
         for entry in volatile:
             if entry.envelope.compatible_with(envelope):
                 self.s.volatile.touch(entry)
-                return envelopes, _Reusable(entry.id, entry.state, entry.summary(reusable=True))
+                reused = _Reusable(entry.id, entry.state, entry.summary(reusable=True))
+                return envelopes, reused, None
         for stored_state in stored:
             if not stored_state.envelope.compatible_with(envelope):
                 continue
@@ -129,8 +135,41 @@ class PrefillFlow:
             gate(rows, CapabilityId.STATE_RESTORE, allow_experimental=allow_experimental)
             live = await self._restore(principal, stored_state.id, runtime)
             summary = stored_state.summary(reusable=True)
-            return envelopes, _Reusable(stored_state.id, live, summary)
-        return envelopes, None
+            return envelopes, _Reusable(stored_state.id, live, summary), None
+        refusal: IncompatibleState | None = None
+        for stored_state in stored:
+            if not stored_state.envelope.compatible_with(envelope, across_generations=True):
+                continue
+            if not await self._may_restore_across(runtime, allow_experimental):
+                break
+            try:
+                live = await self._restore(principal, stored_state.id, runtime)
+            except IncompatibleState as exc:  # the backend's proof failed (or was refused)
+                refusal = exc
+                continue
+            summary = stored_state.summary(reusable=True)
+            reused = _Reusable(stored_state.id, live, summary, earlier_generation=True)
+            return envelopes, reused, None
+        return envelopes, None, refusal
+
+    async def _may_restore_across(self, runtime: Runtime, allow_experimental: bool) -> bool:
+        """Whether to hand an earlier generation's disk state to the backend: its cross-restart
+        row is ``experimental`` (or ``supported``) for this generation, or — with the opt-in —
+        both that row and ``runtime.state.restore`` are ``unavailable`` because the backend's
+        proof runs on first use (the backend then checks, and refuses with
+        ``incompatible_state``). A backend whose restore works but whose cross-restart row is
+        not a claim never gets such a state."""
+        rows = await self.s.rows_for(runtime.model, runtime)
+        cross = status_of(rows, CapabilityId.STATE_RESTORE_CROSS_RESTART)
+        restore = status_of(rows, CapabilityId.STATE_RESTORE)
+        if cross is None or restore is None or not allow_experimental:
+            return cross is not None and cross.status is CapabilityStatus.SUPPORTED
+        if cross.status in (CapabilityStatus.SUPPORTED, CapabilityStatus.EXPERIMENTAL):
+            return True
+        return (
+            cross.status is CapabilityStatus.UNAVAILABLE
+            and restore.status is CapabilityStatus.UNAVAILABLE
+        )
 
     async def _restore(self, principal: str, state_id: str, runtime: Runtime) -> BackendState:
         """Hand a hash-verified payload to the backend and mark it loaded only on success."""
@@ -177,10 +216,15 @@ class PrefillFlow:
 
         reused: _Reusable | None = None
         if policy.reuse.value != "disabled":
-            envelopes, reused = await self._find_reusable(
+            envelopes, reused, refusal = await self._find_reusable(
                 principal, fingerprint, envelope, runtime, allow
             )
-            outcome_kind = decide_reuse(policy.reuse, classify_candidates(envelope, envelopes))
+            if reused is not None:
+                outcome_kind = ReuseOutcome.REUSED
+            elif refusal is not None and policy.reuse is Reuse.REQUIRED:
+                raise refusal  # the backend's own reason, never a silent fresh prefill
+            else:
+                outcome_kind = decide_reuse(policy.reuse, classify_candidates(envelope, envelopes))
         else:
             outcome_kind = ReuseOutcome.DISABLED
 
@@ -204,6 +248,11 @@ class PrefillFlow:
             if reused is not None and outcome.cached_tokens == 0:
                 # The backend evaluated the prompt afresh (its state was no longer resident):
                 # never report reuse it did not observe; `required` never falls through.
+                if policy.reuse is Reuse.REQUIRED and reused.earlier_generation:
+                    raise IncompatibleState(
+                        "the state of an earlier process generation was restored, but the "
+                        "backend reported no reused tokens: cross-restart reuse is not proven"
+                    )
                 if policy.reuse is Reuse.REQUIRED:
                     raise ReuseUnavailable("the stored state was not resident; nothing was reused")
                 reused, outcome_kind = None, ReuseOutcome.FRESH

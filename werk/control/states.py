@@ -1,7 +1,10 @@
 """The caller's view of named states: disk catalog entries plus volatile backend states.
 
 Reads are strictly read-only. ``reusable`` is decided here, not by the catalog: a state is
-reusable only when a live runtime's complete envelope (for this principal) equals the state's.
+reusable only when a live runtime's complete envelope (for this principal) equals the state's —
+or, for a disk state of an earlier process generation, equals it in every other dimension and
+that runtime proved cross-restart restore (``runtime.state.restore.cross_restart``
+``experimental``). Otherwise ``reusable_reason`` says why not.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import msgspec
 
 from ..protocol import (
     CapabilityId,
+    CapabilityStatus,
     NotFound,
     PinRequest,
     PinResult,
@@ -28,10 +32,48 @@ from ..protocol import (
 from ..state.catalog import StoredState
 from ..state.envelope import Envelope
 from .context import ServiceContext
+from .gates import status_of
 from .interface import StateQuery
 from .volatile import VolatileState
 
-__all__ = ["StateViews"]
+__all__ = ["StateViews", "reusability"]
+
+_Live = tuple[Envelope, bool, str] | None
+_PROVEN = (CapabilityStatus.EXPERIMENTAL, CapabilityStatus.SUPPORTED)
+_DIMENSIONS = {
+    "adapter": "adapter",
+    "adapter_version": "adapter version",
+    "backend": "backend",
+    "executable": "backend executable",
+    "model_identity": "model identity",
+    "runtime_args": "runtime arguments",
+    "cache_layout": "cache layout",
+    "principal": "principal",
+}
+
+
+def reusability(entry: StoredState | VolatileState, live: _Live) -> tuple[bool, str | None]:
+    """Whether ``entry`` is reusable by the live runtime of its model now, and if not, why."""
+    if live is None:
+        return False, (
+            f"no runtime of model {entry.model!r} is loaded; the first request for it starts one"
+        )
+    envelope, proven, why_not = live
+    if entry.envelope.compatible_with(envelope):
+        return True, None
+    differing = [d for d in entry.envelope.differences(envelope) if d != "generation"]
+    if differing:
+        names = ", ".join(_DIMENSIONS.get(d, d) for d in differing)
+        return False, f"incompatible: made by a runtime that differs in {names}"
+    if isinstance(entry, VolatileState):
+        return False, "an in-memory state ends with the process generation that made it"
+    if proven:
+        return True, None
+    return False, (
+        "made by an earlier process generation; cross-restart restore is not proven for the "
+        f"running one: {why_not}"
+    )
+
 
 _TIER_CAPABILITY = {
     Tier.DISK: CapabilityId.STATE_TIER_DISK,
@@ -45,12 +87,37 @@ class StateViews:
     def __init__(self, service: ServiceContext) -> None:
         self.s = service
 
-    def _reusable(self, envelope: Envelope, model: str, principal: str) -> bool:
-        live = self.s.live_envelope(model, principal)
-        return live is not None and live.compatible_with(envelope)
+    async def _live(self, models: set[str], principal: str) -> dict[str, _Live]:
+        """Per model: the live runtime's envelope and whether it proved cross-restart restore
+        (``None`` when no runtime of the model is loaded)."""
+        live = self.s.runtimes.live()
+        out: dict[str, _Live] = {}
+        for model in models:
+            runtime = live.get(model)
+            if runtime is None:
+                out[model] = None
+                continue
+            row = status_of(
+                await self.s.rows_for(runtime.model, runtime),
+                CapabilityId.STATE_RESTORE_CROSS_RESTART,
+            )
+            proven = row is not None and row.status in _PROVEN
+            why = (row.reason if row is not None else None) or "not reported by the backend"
+            out[model] = (self.s.envelope_for(runtime, principal), proven, why)
+        return out
 
-    def _summary(self, entry: StoredState | VolatileState, principal: str) -> StateSummary:
-        return entry.summary(reusable=self._reusable(entry.envelope, entry.model, principal))
+    async def _summaries(
+        self, entries: list[StoredState | VolatileState], principal: str
+    ) -> list[StateSummary]:
+        live = await self._live({e.model for e in entries}, principal)
+        out = []
+        for entry in entries:
+            reusable, reason = reusability(entry, live[entry.model])
+            out.append(entry.summary(reusable=reusable, reason=reason))
+        return out
+
+    async def _summary(self, entry: StoredState | VolatileState, principal: str) -> StateSummary:
+        return (await self._summaries([entry], principal))[0]
 
     async def listing(self, principal: str, query: StateQuery) -> StateList:
         self.s.forget_dead_generations()
@@ -65,7 +132,7 @@ class StateViews:
             )
             entries += stored
         entries.sort(key=lambda e: (e.created_at, e.id))
-        return StateList(states=[self._summary(e, principal) for e in entries])
+        return StateList(states=await self._summaries(entries, principal))
 
     async def _get(self, principal: str, state_id: str) -> StoredState | VolatileState:
         self.s.forget_dead_generations()
@@ -76,7 +143,7 @@ class StateViews:
         return await anyio.to_thread.run_sync(lambda: self.s.catalog.get(principal, state_id))
 
     async def inspect(self, principal: str, state_id: str) -> StateSummary:
-        return self._summary(await self._get(principal, state_id), principal)
+        return await self._summary(await self._get(principal, state_id), principal)
 
     async def prune(self, principal: str, request: PruneRequest) -> PruneResult:
         self.s.forget_dead_generations()
@@ -127,7 +194,7 @@ class StateViews:
     async def pin(self, principal: str, state_id: str, request: PinRequest) -> PinResult:
         entry = await self._get(principal, state_id)
         if request.dry_run:
-            preview = self._summary(entry, principal)
+            preview = await self._summary(entry, principal)
             return PinResult(dry_run=True, state=_with_pin(preview, request.pinned))
         if isinstance(entry, VolatileState):
             updated: StoredState | VolatileState = self.s.volatile.set_pinned(
@@ -137,7 +204,7 @@ class StateViews:
             updated = await anyio.to_thread.run_sync(
                 lambda: self.s.catalog.set_pinned(principal, state_id, request.pinned)
             )
-        return PinResult(dry_run=False, state=self._summary(updated, principal))
+        return PinResult(dry_run=False, state=await self._summary(updated, principal))
 
     async def tier(self, principal: str, state_id: str, request: TierRequest) -> TierResult:
         entry = await self._get(principal, state_id)

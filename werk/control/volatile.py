@@ -42,7 +42,7 @@ class VolatileState:
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
-    def summary(self, *, reusable: bool) -> StateSummary:
+    def summary(self, *, reusable: bool, reason: str | None = None) -> StateSummary:
         return StateSummary(
             id=self.id,
             model=self.model,
@@ -55,6 +55,7 @@ class VolatileState:
             expires_at=rfc3339(self.expires_at) if self.expires_at is not None else None,
             pinned=self.pinned,
             reusable=reusable,
+            reusable_reason=None if reusable else reason or "no loaded runtime can reuse it",
         )
 
 

@@ -63,6 +63,8 @@ class StateSummary(Response, frozen=True, kw_only=True):
     expires_at: str | None = None
     pinned: bool = False
     reusable: bool = True
+    reusable_reason: str | None = None
+    """Why ``reusable`` is false right now (``null`` when it is true)."""
 
 
 class StateList(Response, frozen=True, kw_only=True):

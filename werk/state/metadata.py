@@ -144,7 +144,9 @@ class StoredState:
         """TTL is the stronger boundary: an expired state is unavailable even when pinned."""
         return self.expires_at is not None and now >= self.expires_at
 
-    def summary(self, *, reusable: bool, now: float | None = None) -> StateSummary:
+    def summary(
+        self, *, reusable: bool, now: float | None = None, reason: str | None = None
+    ) -> StateSummary:
         """The protocol view. ``reusable`` comes from the caller (it needs the live runtime's
         envelope); with ``now`` an expired state reports ``expired`` and is never reusable."""
         expired = now is not None and self.expired(now)
@@ -162,4 +164,11 @@ class StoredState:
             expires_at=None if self.expires_at is None else rfc3339(self.expires_at),
             pinned=self.pinned,
             reusable=reusable and not expired,
+            reusable_reason=(
+                "the state expired"
+                if expired
+                else None
+                if reusable
+                else reason or "no loaded runtime can reuse it"
+            ),
         )

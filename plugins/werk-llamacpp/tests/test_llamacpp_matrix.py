@@ -13,6 +13,12 @@ state probe". Each is observed on real ``werk serve --model demo`` processes ove
 
 Cells that the seed gives as "supported or unavailable" (host telemetry) accept exactly those
 two values; every other cell is one status.
+
+Two cells go beyond the seed, as issues 16 and 17 decided: ``runtime.memory.reservations`` is
+``supported`` because the llama.cpp adapter supplies a requirement and ``werk serve`` reserves
+it (the seed: ``unavailable``, no adapter did); ``runtime.state.restore.cross_restart`` stays
+``unavailable`` in every scenario here (one server generation per home: there is no earlier
+generation to prove against; ``test_llamacpp_cross_restart.py`` covers the restart).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ PROBED = (
     "runtime.pd.handoff",
 )
 FIXED = {
-    "runtime.memory.reservations": UNAV,
+    "runtime.memory.reservations": SUP,
     "runtime.state.restore.cross_restart": UNAV,
     "runtime.state.tier.ram": UNSUP,
     "runtime.state.tier.vram": UNSUP,

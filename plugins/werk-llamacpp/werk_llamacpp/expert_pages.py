@@ -82,15 +82,18 @@ async def prepare_expert_pages(
     read-around may bring neighbouring pages in with them; the preparation itself reads
     nothing outside the expert ranges.
 
-    :raises werk.InvalidRequest: a bad ``WERK_LLAMA_EXPERT_PREPARATION`` or an unreadable
-        GGUF header.
+    :raises werk.InvalidRequest: a bad ``WERK_LLAMA_EXPERT_PREPARATION`` (a header that cannot
+        be read only means nothing is prepared: the native loader reports it).
     """
     import anyio
 
     if not _enabled(environ):
         return None
     if ranges is None:
-        ranges = await anyio.to_thread.run_sync(expert_ranges, model)
+        try:
+            ranges = await anyio.to_thread.run_sync(expert_ranges, model)
+        except InvalidRequest:  # optional: llama-server reports a bad file in its own words
+            return None
     if not ranges:
         return None
     reason = offload_reason(native_args, inspection)

@@ -47,6 +47,11 @@ class LlamaHandle:
     :ivar help_text: the executable's ``--help`` output (what flags it advertises).
     :ivar args: the effective argument list the child was started with.
     :ivar probe: the functional probe result for THIS generation.
+    :ivar lineage: what a slot file of this process depends on (:func:`canary.lineage_of`);
+        ``""`` when unknown (no cross-restart proof is attempted then).
+    :ivar cross_restart: the probe's cross-restart step for THIS generation: passed only when
+        a slot file an earlier generation of the same lineage saved restored and replayed
+        correctly here.
     :ivar slot_lock: serialises every /slots operation and state prefill/decode on this child.
     :ivar log_path: the child's captured stdout/stderr.
     """
@@ -66,3 +71,9 @@ class LlamaHandle:
         default_factory=lambda: ProbeResult(ProbeStatus.NOT_RUN, "the functional probe has not run")
     )
     slot_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    lineage: str = ""
+    cross_restart: ProbeResult = field(
+        default_factory=lambda: ProbeResult(
+            ProbeStatus.NOT_RUN, "the functional probe (and its cross-restart step) has not run"
+        )
+    )

@@ -14,7 +14,10 @@ Capability rows are the seed's llama.cpp columns, computed from what is true now
 * state and prefill/decode rows: ``experimental`` only while the runtime is alive *and* its
   handle's functional probe passed for that very process generation; otherwise
   ``unavailable`` with the probe's reason (not run, failed, no live process, process exited).
-* ``runtime.state.restore.cross_restart``: ``unavailable`` (snapshots are generation-bound).
+* ``runtime.state.restore.cross_restart``: ``experimental`` only when this generation's probe
+  also restored a slot file an earlier generation of the same lineage saved (a canary) and
+  reproduced its greedy output (``probe.py``, ``canary.py``); otherwise ``unavailable`` with the
+  reason (no earlier generation, a corrupt or failing canary, the probe not run or failed).
 * ``runtime.state.tier.ram|vram`` and ``runtime.experts.residency``: the host reports them
   ``unsupported`` (no tier hook exists; this plugin implements no expert hooks).
 """
@@ -203,14 +206,27 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
         CapabilityReport(id=cap, status=status, operations=ops, reason=reason)
         for cap, ops in _PROBE_GATED
     ]
-    rows.append(
-        CapabilityReport(
-            id=CapabilityId.STATE_RESTORE_CROSS_RESTART,
-            status=CapabilityStatus.UNAVAILABLE,
-            reason="snapshots are bound to the live process generation that produced them",
-        )
-    )
+    rows.append(_cross_restart(context, status, reason))
     return rows
+
+
+def _cross_restart(
+    context: CapabilityContext, state_status: CapabilityStatus, state_reason: str
+) -> CapabilityReport:
+    """``experimental`` only when this generation's probe restored and replayed a slot file an
+    earlier generation of the same lineage saved (its cross-restart step passed)."""
+    from .handle import ProbeStatus
+
+    row = CapabilityId.STATE_RESTORE_CROSS_RESTART
+    if state_status is not CapabilityStatus.EXPERIMENTAL or context.runtime is None:
+        return CapabilityReport(id=row, status=CapabilityStatus.UNAVAILABLE, reason=state_reason)
+    handle: LlamaHandle = context.runtime.handle
+    step = handle.cross_restart
+    if step.status is ProbeStatus.PASSED:
+        return CapabilityReport(
+            id=row, status=CapabilityStatus.EXPERIMENTAL, operations=["restore"], reason=step.reason
+        )
+    return CapabilityReport(id=row, status=CapabilityStatus.UNAVAILABLE, reason=step.reason)
 
 
 # -- operations -----------------------------------------------------------------------------

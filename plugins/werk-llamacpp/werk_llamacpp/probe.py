@@ -32,7 +32,16 @@ Steps, in one state slot (a random nonce makes the prompt unseen before):
 6. replay the same request: the same text *A*, and ``timings.cache_n == prompt tokens - 1``
    (the server recomputes only the last prompt token), so the prefix came from the restored slot.
 
-The slot is erased and the file deleted afterwards, pass or fail.
+**Cross-restart step** (after 1-6 passed; :mod:`werk_llamacpp.canary`): when an *earlier*
+generation of the same lineage (executable, model, arguments, slot layout, adapter) left a
+canary, its slot file (SHA-256 checked) is restored into the slot, the canary's prompt replayed
+greedily: the text must equal the canary's and ``timings.cache_n`` cover all but the last prompt
+token. Only then does this generation report ``runtime.state.restore.cross_restart``
+``experimental``. Without a canary (the first generation of a lineage), or when the canary is
+corrupt or does not reproduce, this generation's own probe save becomes the lineage's canary
+and the step reports why it did not pass.
+
+The slot is erased and the files deleted afterwards, pass or fail.
 """
 
 from __future__ import annotations
@@ -47,7 +56,9 @@ import anyio
 
 from werk import WerkError
 
+from .canary import Canary, load_canary, store_canary, verified_slot_file
 from .handle import LlamaHandle, ProbeResult, ProbeStatus
+from .inspect import sha256_file
 from .slots import (
     LlamaRefused,
     allocator_for,
@@ -150,8 +161,8 @@ async def _check_total_slots(handle: LlamaHandle) -> None:
     )
 
 
-async def _exercise(handle: LlamaHandle, slot: int, filename: str) -> str:
-    """Steps 1-6 in ``slot``; returns the pass reason."""
+async def _exercise(handle: LlamaHandle, slot: int, filename: str) -> tuple[str, Canary]:
+    """Steps 1-6 in ``slot``; returns the pass reason and this generation's canary record."""
     _require(await slot_is_idle(handle, slot), f"state slot {slot} is busy")
     await erase_slot(handle, slot)
     tokens = await tokenize(handle, PROBE_TEXT + secrets.token_hex(8))
@@ -190,10 +201,73 @@ async def _exercise(handle: LlamaHandle, slot: int, filename: str) -> str:
         f"the replay reused {replay.timings.cache_n} of {len(tokens)} prompt tokens: "
         "the restored slot was not used",
     )
-    return (
+    reason = (
         f"the functional state probe passed for process generation {handle.generation}: "
         f"save/erase/restore of {saved.n_saved} tokens, replay reused "
         f"{replay.timings.cache_n} and reproduced the greedy output"
+    )
+    digest = await anyio.to_thread.run_sync(lambda: sha256_file(path))
+    return reason, Canary(
+        generation=handle.generation,
+        tokens=tuple(tokens),
+        content=first.content,
+        n_saved=saved.n_saved,
+        n_written=saved.n_written,
+        sha256=digest,
+    )
+
+
+async def _cross_restart(handle: LlamaHandle, slot: int, own_file: str, own: Canary) -> ProbeResult:
+    """The cross-restart step (see the module docstring); never raises for an observation."""
+    if not handle.lineage:
+        return ProbeResult(ProbeStatus.FAILED, "this process's slot-file lineage is unknown")
+    lineage = handle.lineage
+    canary = await anyio.to_thread.run_sync(load_canary, lineage)
+
+    async def keep_own(reason: str) -> ProbeResult:
+        path = handle.slot_dir / own_file
+        await anyio.to_thread.run_sync(lambda: store_canary(lineage, path, own))
+        return ProbeResult(ProbeStatus.FAILED, reason)
+
+    if canary is None or canary.generation == handle.generation:
+        return await keep_own(
+            "no earlier process generation with this envelope left a canary to restore; "
+            f"generation {handle.generation} left one for the next"
+        )
+    target = handle.slot_dir / new_slot_filename("canary")
+    why = await anyio.to_thread.run_sync(lambda: verified_slot_file(lineage, canary, target))
+    if why is not None:
+        return await keep_own(why)
+    try:
+        await erase_slot(handle, slot)
+        restored = await restore_slot(handle, slot, target.name)
+        _require(
+            restored.n_restored == canary.n_saved and restored.n_read == canary.n_written,
+            f"the canary of generation {canary.generation} restored {restored.n_restored} "
+            f"tokens / {restored.n_read} bytes, not {canary.n_saved} / {canary.n_written}",
+        )
+        tokens = list(canary.tokens)
+        replay = await complete_in_slot(handle, slot, tokens, n_predict=PROBE_GENERATED)
+        _require(
+            replay.content == canary.content,
+            f"the canary of generation {canary.generation} replayed to a different greedy output",
+        )
+        _require(
+            replay.timings.cache_n >= len(tokens) - 1,
+            f"the canary replay reused {replay.timings.cache_n} of {len(tokens)} prompt tokens",
+        )
+    except (_ProbeFailed, LlamaRefused) as exc:
+        return await keep_own(str(exc))
+    except WerkError as exc:
+        return await keep_own(exc.message)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: target.unlink(missing_ok=True))
+    return ProbeResult(
+        ProbeStatus.PASSED,
+        f"a slot file saved by generation {canary.generation} restored into generation "
+        f"{handle.generation}, reused {replay.timings.cache_n} of {len(tokens)} prompt tokens "
+        "and reproduced its greedy output",
     )
 
 
@@ -215,8 +289,9 @@ async def run_probe(handle: LlamaHandle) -> ProbeResult:
     slot, _ = allocator.acquire()
     filename = new_slot_filename("probe")
     try:
-        reason = await _exercise(handle, slot, filename)
+        reason, own = await _exercise(handle, slot, filename)
         result = ProbeResult(ProbeStatus.PASSED, reason)
+        handle.cross_restart = await _cross_restart(handle, slot, filename, own)
     except (_ProbeFailed, LlamaRefused) as exc:
         result = ProbeResult(ProbeStatus.FAILED, str(exc))
     except WerkError as exc:
@@ -228,6 +303,7 @@ async def run_probe(handle: LlamaHandle) -> ProbeResult:
             await _clean_up(handle, slot, filename)
             allocator.retire(slot)
     if result.status is ProbeStatus.FAILED:
+        handle.cross_restart = ProbeResult(ProbeStatus.FAILED, result.reason)
         log.warning("llama-server %s failed the state probe: %s", handle.generation, result.reason)
     return result
 

@@ -50,6 +50,7 @@ from werk import (
     werk_home,
 )
 
+from . import __version__
 from .args import (
     STATE_SLOT_COUNT,
     BuiltArgs,
@@ -59,6 +60,7 @@ from .args import (
     parse_options,
     state_blockers,
 )
+from .canary import lineage_of
 from .executable import locate_llama_server
 from .expert_pages import prepare_expert_pages
 from .handle import LlamaHandle, ProbeResult, ProbeStatus
@@ -446,6 +448,10 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             blockers.append(f"only {total_slots} slot(s); named states need a reserved slot")
         state_slots = () if blockers else tuple(range(total_slots - STATE_SLOT_COUNT, total_slots))
         general = tuple(i for i in range(total_slots) if i not in state_slots)
+        cache_layout = (
+            f"llama.cpp slots v1 n_ctx={n_ctx} n_parallel={total_slots} "
+            f"state_slots={','.join(map(str, state_slots)) or 'none'}"
+        )
         handle = ManagedHandle(
             base_url=f"http://127.0.0.1:{child.port}",
             api_key=api_key,
@@ -465,6 +471,13 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             n_ctx=n_ctx,
             picker=SlotPicker(general),
             prepared=prepared,
+            lineage=lineage_of(
+                executable=f"sha256:{inspection.sha256}",
+                model_identity=spec.identity,
+                args=built.public,
+                cache_layout=cache_layout,
+                adapter=f"werk-llamacpp {__version__}",
+            ),
         )
         if blockers:
             handle.probe = ProbeResult(
@@ -477,10 +490,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             handle=handle,
             executable=f"sha256:{inspection.sha256}",
             args=built.public,
-            cache_layout=(
-                f"llama.cpp slots v1 n_ctx={n_ctx} n_parallel={total_slots} "
-                f"state_slots={','.join(map(str, state_slots)) or 'none'}"
-            ),
+            cache_layout=cache_layout,
             pid=child.pid,
             preparation=None if prepared is None else prepared.report,
         )

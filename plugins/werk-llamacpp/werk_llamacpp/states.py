@@ -21,11 +21,14 @@ a new slot and ``cached_tokens`` reports the (absent) reuse truthfully.
 
 **Snapshot** saves the slot under a Werk-generated name in the private slot directory and seals
 the file: the server's bytes (exactly ``n_written`` of them), then a JSON trailer (format,
-generation, ``n_saved``, ``n_written``, the prompt tokens), its length and a magic. The file is
+generation, ``n_saved``, ``n_written``, the prompt tokens, the process's lineage), its length
+and a magic. The file is
 fsynced (the server does not) and handed to the host as a ``file`` payload.
 
 **Restore** moves (or copies) the host's scratch file into the slot directory under a fresh name,
-checks the trailer (a payload of another generation is ``incompatible_state``), cuts the file
+checks the trailer (a payload of another generation is ``incompatible_state`` unless this
+generation's probe proved cross-restart restore and the payload's lineage is this process's;
+a restore that comes before the generation's first prefill runs the probe first), cuts the file
 back to the server's bytes, restores it into an idle state slot and requires the acknowledged
 ``n_restored``/``n_read`` to equal the recorded ``n_saved``/``n_written``. Any failure erases that
 slot before anyone else can use it.
@@ -87,7 +90,7 @@ from .slots import (
 
 __all__ = ["PAYLOAD_FORMAT", "decode", "prefill", "restore", "snapshot"]
 
-PAYLOAD_FORMAT: Final = "werk-llamacpp-slot/1"
+PAYLOAD_FORMAT: Final = "werk-llamacpp-slot/2"
 _MAGIC = b"WERKLCS1"
 _TAIL = struct.Struct("<Q8s")
 _MAX_META = 64 * 1024 * 1024
@@ -97,11 +100,13 @@ _NOT_RESIDENT = "the state was not resident; refusing to re-prefill silently"
 class PayloadMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The trailer of a snapshot file (after the server's own ``n_written`` bytes)."""
 
-    format: Literal["werk-llamacpp-slot/1"]
+    format: Literal["werk-llamacpp-slot/1", "werk-llamacpp-slot/2"]
     generation: str
     n_saved: int
     n_written: int
     tokens: list[int]
+    lineage: str = ""
+    """(format 2) what the slot file depends on: :func:`werk_llamacpp.canary.lineage_of`."""
 
 
 # -- shared checks -----------------------------------------------------------------------------
@@ -240,6 +245,7 @@ async def snapshot(runtime: Runtime, state: BackendState) -> BackendState:
                 n_saved=ack.n_saved,
                 n_written=ack.n_written,
                 tokens=list(live.tokens),
+                lineage=handle.lineage,
             )
             try:
                 await anyio.to_thread.run_sync(lambda: _seal(path, meta))
@@ -292,6 +298,8 @@ async def restore(runtime: Runtime, payload: BackendState) -> BackendState:
 
 
 async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> BackendState:
+    if handle.probe.status is ProbeStatus.NOT_RUN:  # a restart's first reuse: prove it first
+        handle.probe = await run_probe(handle)
     _require_probe(handle, CapabilityId.STATE_RESTORE)
     if payload.kind not in (StateKind.FILE, StateKind.BYTES):
         raise BackendError("a llama.cpp restore needs a file or bytes payload")
@@ -303,9 +311,7 @@ async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> Backend
         except OSError as exc:
             raise BackendError(f"the snapshot payload could not be read ({exc.strerror})") from None
         if meta.generation != handle.generation:
-            raise IncompatibleState(
-                "the snapshot was made by another llama-server process generation"
-            )
+            _require_cross_restart(handle, meta)
         allocator = allocator_for(handle)
         slot, epoch = allocator.acquire()
         try:
@@ -369,6 +375,24 @@ def _adopt(payload: BackendState, dest: Path) -> PayloadMeta:
     finally:
         os.close(fd)
     return meta
+
+
+def _require_cross_restart(handle: LlamaHandle, meta: PayloadMeta) -> None:
+    """A snapshot of an earlier generation restores only into a generation that proved
+    cross-restart restore, and only when it was made by a process of the same lineage."""
+    if handle.cross_restart.status is not ProbeStatus.PASSED:
+        raise IncompatibleState(
+            f"the snapshot was made by llama-server process generation {meta.generation}; "
+            f"cross-restart restore is not proven for generation {handle.generation}: "
+            f"{handle.cross_restart.reason}",
+            capability=CapabilityId.STATE_RESTORE_CROSS_RESTART,
+        )
+    if not meta.lineage or meta.lineage != handle.lineage:
+        raise IncompatibleState(
+            f"the snapshot was made by llama-server process generation {meta.generation}, "
+            "started differently (executable, model, arguments or slot layout)",
+            capability=CapabilityId.STATE_RESTORE_CROSS_RESTART,
+        )
 
 
 def _move_or_copy(source: Path, dest: Path) -> None:
