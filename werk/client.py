@@ -40,6 +40,7 @@ from .protocol import (
     RuntimeList,
     StateList,
     StateSummary,
+    StatsResponse,
     Tier,
     TierRequest,
     TierResult,
@@ -184,6 +185,10 @@ class WerkClient:
 
     def runtimes(self) -> RuntimeList:
         return self._call("GET", "/werk/v1/runtimes", RuntimeList)
+
+    def stats(self) -> StatsResponse:
+        """The caller's verified-reuse figures (``GET /werk/v1/stats``)."""
+        return self._call("GET", "/werk/v1/stats", StatsResponse)
 
     def set_residency(
         self, model: str, *, resident: bool, dry_run: bool = False

@@ -36,6 +36,7 @@ from werk.protocol import (
     ReuseOutcome,
     StateList,
     StateSummary,
+    StatsResponse,
 )
 
 KEY_A = "isolation-key-alice-7f3a9c"
@@ -89,6 +90,24 @@ def test_b_cannot_list_or_inspect(world: World) -> None:
     theirs = _error(world.bob.get(f"{P}/states/{world.state.id}"), 404, "not_found")
     nobody = _error(world.bob.get(f"{P}/states/st_{secrets.token_urlsafe(18)}"), 404, "not_found")
     assert theirs.message == nobody.message  # indistinguishable from a state that never existed
+
+
+def test_b_does_not_see_a_figures(spawn_server: Callable[..., WerkServer]) -> None:
+    """``GET /werk/v1/stats`` counts the caller's own prefills only."""
+    server = spawn_server(keys=[KEY_A, KEY_B])
+    with server.client(KEY_A) as alice, server.client(KEY_B) as bob:
+        made = _ok(_prefill(alice, policy=DISK_PREFER), PrefillResponse)
+        again = _ok(_prefill(alice, policy=DISK_PREFER), PrefillResponse)
+        assert again.reuse.outcome is ReuseOutcome.REUSED
+        mine = _ok(alice.get(f"{P}/stats"), StatsResponse)
+        [kv] = mine.models
+        assert kv.model == "kv" and kv.prefills == 2
+        assert kv.prompt_tokens == made.usage.prompt_tokens + again.usage.prompt_tokens
+        assert kv.cached_tokens == (made.usage.cached_tokens or 0) + (
+            again.usage.cached_tokens or 0
+        )
+        assert kv.cached_tokens > 0  # the second prefill reused the first one's state
+        assert _ok(bob.get(f"{P}/stats"), StatsResponse).models == []
 
 
 def test_b_cannot_reuse_and_is_not_told_a_state_exists(world: World) -> None:

@@ -47,6 +47,7 @@ from werk.protocol import (
     RuntimeList,
     StateList,
     StateSummary,
+    StatsResponse,
     Tier,
 )
 
@@ -238,6 +239,9 @@ def test_every_route_answers_with_its_success_shape(http: httpx.Client) -> None:
     assert pin.dry_run is True and pin.state.pinned is True
     decoded = ok(call("POST", f"{P}/decode", {"handoff": made.handoff.token}), DecodeResponse)
     assert decoded.text
+    stats = ok(call("GET", f"{P}/stats"), StatsResponse)
+    [walked] = [m for m in stats.models if m.model == "walk"]
+    assert walked.prefills >= 1 and walked.prompt_tokens >= made.usage.prompt_tokens
     pruned = ok(call("POST", f"{P}/states/prune", {"ids": [state_id]}), PruneResult)
     assert pruned.dry_run is True and pruned.selected == [state_id] and pruned.deleted == []
     call("POST", f"{P}/states/{{state_id}}/tier", {"target": "ram"})

@@ -20,6 +20,7 @@ from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
 from ..state.principals import NamespaceKey
+from .accounting import ReuseAccounting
 from .runtimes import DEFAULT_KEEP_ALIVE_SECONDS, RuntimeManager
 from .volatile import VolatileStates
 
@@ -51,6 +52,7 @@ class ServiceContext(Protocol):
     catalog: StateCatalog
     volatile: VolatileStates
     handoffs: HandoffRegistry
+    accounting: ReuseAccounting
 
     def spec(self, model: str) -> ModelSpec: ...
 

@@ -38,6 +38,7 @@ from ..protocol import (
     RuntimeList,
     StateList,
     StateSummary,
+    StatsResponse,
     Tier,
     TierRequest,
     TierResult,
@@ -153,6 +154,10 @@ class WerkControl(abc.ABC):
     @abc.abstractmethod
     async def runtimes_listing(self) -> RuntimeList:
         """Loaded runtimes (``GET /werk/v1/runtimes``)."""
+
+    @abc.abstractmethod
+    async def stats(self, principal: str) -> StatsResponse:
+        """The caller's verified-reuse figures (``GET /werk/v1/stats``)."""
 
     # OpenAI-compatible /v1 ---------------------------------------------------------------------
     @abc.abstractmethod

@@ -60,6 +60,7 @@ from ..state.policy import (
     resolve_retention,
 )
 from ..state.principals import prompt_fingerprint
+from .accounting import RestoreResult
 from .context import ServiceContext
 from .gates import gate, status_of
 
@@ -75,6 +76,8 @@ class _Reusable:
     summary: StateSummary
     earlier_generation: bool = False
     """A disk state an earlier process generation made (restored on cross-restart proof)."""
+    restored: bool = False
+    """Handed to the backend from the disk store in this request (counted as a restore)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ class PrefillFlow:
             gate(rows, CapabilityId.STATE_RESTORE, allow_experimental=allow_experimental)
             live = await self._restore(principal, stored_state.id, runtime)
             summary = stored_state.summary(reusable=True)
-            return envelopes, _Reusable(stored_state.id, live, summary), None
+            return envelopes, _Reusable(stored_state.id, live, summary, restored=True), None
         refusal: IncompatibleState | None = None
         for stored_state in stored:
             if not stored_state.envelope.compatible_with(envelope, across_generations=True):
@@ -148,7 +151,9 @@ class PrefillFlow:
                 refusal = exc
                 continue
             summary = stored_state.summary(reusable=True)
-            reused = _Reusable(stored_state.id, live, summary, earlier_generation=True)
+            reused = _Reusable(
+                stored_state.id, live, summary, earlier_generation=True, restored=True
+            )
             return envelopes, reused, None
         return envelopes, None, refusal
 
@@ -172,7 +177,18 @@ class PrefillFlow:
         )
 
     async def _restore(self, principal: str, state_id: str, runtime: Runtime) -> BackendState:
-        """Hand a hash-verified payload to the backend and mark it loaded only on success."""
+        """Hand a hash-verified payload to the backend and mark it loaded only on success.
+        Counted as an attempted restore; a refusal (``incompatible_state``) as refused."""
+        self.s.accounting.restore_attempted(principal, runtime.model.id)
+        try:
+            return await self._restore_payload(principal, state_id, runtime)
+        except IncompatibleState:
+            self.s.accounting.restore_ended(principal, runtime.model.id, RestoreResult.REFUSED)
+            raise
+
+    async def _restore_payload(
+        self, principal: str, state_id: str, runtime: Runtime
+    ) -> BackendState:
         path = await anyio.to_thread.run_sync(lambda: self._materialize(principal, state_id))
         try:
             payload = BackendState(kind=StateKind.FILE, path=path, generation=runtime.generation)
@@ -245,6 +261,15 @@ class PrefillFlow:
             gate(rows, CapabilityId.PD_PREFILL, allow_experimental=allow)
             gate(rows, CapabilityId.PD_HANDOFF, allow_experimental=allow)
             statuses = {row.id: row.status for row in rows}
+            self.s.accounting.prefill(
+                principal, spec.id, outcome.prompt_tokens, outcome.cached_tokens
+            )
+            if reused is not None and reused.restored and outcome.cached_tokens is not None:
+                self.s.accounting.restore_ended(
+                    principal,
+                    spec.id,
+                    RestoreResult.VERIFIED if outcome.cached_tokens > 0 else RestoreResult.REFUSED,
+                )
             if reused is not None and outcome.cached_tokens == 0:
                 # The backend evaluated the prompt afresh (its state was no longer resident):
                 # never report reuse it did not observe; `required` never falls through.

@@ -79,11 +79,13 @@ from ..protocol import (
     rfc3339,
 )
 from ..protocol.residency import RuntimeInfo, RuntimeList, parse_keep_alive
+from ..protocol.stats import StatsResponse
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
 from ..state.jobs import JobStore
 from ..state.principals import cache_salt
+from .accounting import ReuseAccounting
 from .context import ServiceConfig
 from .gates import gate
 from .interface import StateQuery, WerkControl
@@ -145,6 +147,7 @@ class LocalControlService(WerkControl):
         self.catalog = StateCatalog(config.home, clock=clock)
         self.volatile = VolatileStates(clock=clock)
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
+        self.accounting = ReuseAccounting(clock)
         self.memory_manager = memory if memory is not None else MemoryManager()
         for name, descriptor in pm.backends.items():
             self.memory_manager.set_participant(name, descriptor.requirement is not None)
@@ -243,6 +246,9 @@ class LocalControlService(WerkControl):
         return await anyio.to_thread.run_sync(self.memory_manager.snapshot)
 
     # -- loaded runtimes and keep-alive ------------------------------------------------------
+
+    async def stats(self, principal: str) -> StatsResponse:
+        return self.accounting.stats(principal)
 
     async def runtimes_listing(self) -> RuntimeList:
         entries = self.runtimes.entries()

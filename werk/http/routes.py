@@ -40,6 +40,7 @@ from ..protocol import (
     RuntimeList,
     StateList,
     StateSummary,
+    StatsResponse,
     Tier,
     TierRequest,
     TierResult,
@@ -142,6 +143,11 @@ async def _memory(c: Call) -> MemoryResponse:
 async def _runtimes(c: Call) -> RuntimeList:
     c.query()
     return await c.control.runtimes_listing()
+
+
+async def _stats(c: Call) -> StatsResponse:
+    c.query()
+    return await c.control.stats(c.principal)
 
 
 async def _models(c: Call) -> ModelList:
@@ -251,6 +257,7 @@ ROUTE_SPECS: tuple[RouteSpec, ...] = (
     RouteSpec(
         "GET", f"{P}/runtimes", _runtimes, "Loaded runtimes and their keep-alive", RuntimeList
     ),
+    RouteSpec("GET", f"{P}/stats", _stats, "The caller's verified-reuse figures", StatsResponse),
     RouteSpec(
         "POST",
         f"{P}/models/{{model}}/load",

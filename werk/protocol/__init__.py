@@ -110,6 +110,7 @@ from .states import (
     TierRequest,
     TierResult,
 )
+from .stats import ModelReuse, RestoreCounts, StatsResponse
 
 __all__ = [
     "CORE_CAPABILITY_IDS",
@@ -162,6 +163,7 @@ __all__ = [
     "ModelInfo",
     "ModelList",
     "ModelRef",
+    "ModelReuse",
     "NotFound",
     "PagePreparation",
     "PayloadTooLarge",
@@ -184,6 +186,7 @@ __all__ = [
     "ResidencyResult",
     "ResourceExhausted",
     "Response",
+    "RestoreCounts",
     "Retention",
     "Reuse",
     "ReuseInfo",
@@ -196,6 +199,7 @@ __all__ = [
     "StateList",
     "StateStatus",
     "StateSummary",
+    "StatsResponse",
     "Tier",
     "TierRequest",
     "TierResult",

@@ -92,6 +92,9 @@ def reuse_after_restart(server: WerkServer, state_id: str, expected: str) -> str
         assert body["reuse"] == {"outcome": "reused", "state_id": state_id}
         assert body["usage"]["cached_tokens"] >= 990, body["usage"]
         assert decode(client, body["handoff"]["token"]) == expected
+        [figures] = client.get("/werk/v1/stats").json()["models"]
+        assert figures["restores"]["verified"] >= 1 and figures["restores"]["refused"] == 0
+        assert figures["cached_tokens"] >= body["usage"]["cached_tokens"]
         row = cross_row(client)
         assert row["status"] == "experimental", row
         after = listed(client, state_id)
@@ -174,6 +177,8 @@ def test_a_corrupted_canary_fails_the_proof(home: Path) -> None:
         error = refused.json()["error"]
         assert error["code"] == "incompatible_state"
         assert "does not match its recorded digest" in error["message"]
+        [figures] = client.get("/werk/v1/stats").json()["models"]
+        assert figures["restores"] == {"attempted": 1, "verified": 0, "refused": 1}
         row = cross_row(client)
         assert row["status"] == "unavailable"
         assert "does not match its recorded digest" in row["reason"]

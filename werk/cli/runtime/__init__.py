@@ -15,7 +15,7 @@ Output conventions shared by every command here:
 This module holds the typer sub-app and registers the commands, in the order ``--help`` lists
 them. The pieces: :mod:`._common` (shared options, connection, error reporting),
 :mod:`._render` (tables and consoles), :mod:`.info` (info, capabilities), :mod:`.memory`,
-:mod:`.handoff` (prefill, decode), :mod:`.experts` and :mod:`.states`.
+:mod:`.handoff` (prefill, decode), :mod:`.stats`, :mod:`.experts` and :mod:`.states`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import typer
 
 from .._app import app
-from . import experts, handoff, info, memory, ps, states
+from . import experts, handoff, info, memory, ps, states, stats
 from ._common import DEFAULT_SERVER, SERVER_ENV
 from ._render import show
 from .memory import render_memory
@@ -51,6 +51,7 @@ app.add_typer(runtime_app, name="runtime")
 runtime_app.command()(info.info)
 runtime_app.command("capabilities")(info.capabilities_command)
 runtime_app.command()(memory.memory)
+runtime_app.command()(stats.stats)
 runtime_app.command()(handoff.prefill)
 runtime_app.command()(handoff.decode)
 runtime_app.add_typer(experts.experts_app, name="experts")
