@@ -138,6 +138,12 @@ def serve(
         metavar="LEVEL",
         help="Log level of the server and its plugins (debug, info, warning, error).",
     ),
+    metrics_public: bool = typer.Option(
+        False,
+        "--metrics-public",
+        help="Let loopback clients scrape GET /metrics (Prometheus) without an API key; "
+        "others still need one. Without this flag /metrics needs the same key as /werk/v1.",
+    ),
 ) -> None:
     """Serve the OpenAI-compatible /v1 API and Werk Protocol 1.0 under /werk/v1.
 
@@ -211,7 +217,7 @@ def serve(
         raise typer.Exit(1) from None
     configure_logging(log_level)
     server = make_server(
-        build_app(service, auth),
+        build_app(service, auth, metrics_public=metrics_public),
         host=host,
         port=port,
         header_timeout=header_timeout,

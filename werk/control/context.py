@@ -21,6 +21,7 @@ from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
 from ..state.principals import NamespaceKey
 from .accounting import ReuseAccounting
+from .figures import Histogram
 from .runtimes import DEFAULT_KEEP_ALIVE_SECONDS, RuntimeManager
 from .volatile import VolatileStates
 
@@ -53,6 +54,8 @@ class ServiceContext(Protocol):
     volatile: VolatileStates
     handoffs: HandoffRegistry
     accounting: ReuseAccounting
+    commit_latency: Histogram
+    restore_latency: Histogram
 
     def spec(self, model: str) -> ModelSpec: ...
 

@@ -43,6 +43,7 @@ from ..protocol import (
     TierRequest,
     TierResult,
 )
+from .figures import ServiceFigures
 
 __all__ = ["StateQuery", "WerkControl"]
 
@@ -158,6 +159,10 @@ class WerkControl(abc.ABC):
     @abc.abstractmethod
     async def stats(self, principal: str) -> StatsResponse:
         """The caller's verified-reuse figures (``GET /werk/v1/stats``)."""
+
+    @abc.abstractmethod
+    async def figures(self) -> ServiceFigures:
+        """Everything ``/metrics`` reports besides HTTP traffic (no principal in it)."""
 
     # OpenAI-compatible /v1 ---------------------------------------------------------------------
     @abc.abstractmethod

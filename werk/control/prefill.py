@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,8 +181,11 @@ class PrefillFlow:
         """Hand a hash-verified payload to the backend and mark it loaded only on success.
         Counted as an attempted restore; a refusal (``incompatible_state``) as refused."""
         self.s.accounting.restore_attempted(principal, runtime.model.id)
+        started = time.monotonic()
         try:
-            return await self._restore_payload(principal, state_id, runtime)
+            restored = await self._restore_payload(principal, state_id, runtime)
+            self.s.restore_latency.observe(time.monotonic() - started)
+            return restored
         except IncompatibleState:
             self.s.accounting.restore_ended(principal, runtime.model.id, RestoreResult.REFUSED)
             raise
@@ -351,6 +355,7 @@ class PrefillFlow:
         exported: BackendState = await self.s.pm.call_operation(
             Operation.SNAPSHOT, runtime, state=state
         )
+        started = time.monotonic()
         with _owned_payload(exported) as payload:
             stored = await anyio.to_thread.run_sync(
                 lambda: self.s.catalog.commit(
@@ -366,6 +371,7 @@ class PrefillFlow:
                     logical_bytes=exported.logical_bytes,
                 )
             )
+        self.s.commit_latency.observe(time.monotonic() - started)
         return stored.summary(reusable=True)
 
     # -- decode ------------------------------------------------------------------------------

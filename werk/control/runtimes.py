@@ -160,6 +160,8 @@ class RuntimeManager:
         self._allocations: dict[str, Allocation] = {}
         self._leases: dict[str, ModelFileLease] = {}
         self.cache_release = cache_release
+        self._events: dict[str, dict[str, int]] = {}
+        self._crashed: set[str] = set()
         self._last_used: dict[str, float] = {}
         if memory is not None:
             memory.set_relief(
@@ -170,10 +172,27 @@ class RuntimeManager:
         """Alive runtimes by model id (a snapshot; never starts anything)."""
         return {model: rt for model, rt in self._runtimes.items() if rt.alive}
 
+    def event_counts(self) -> dict[str, dict[str, int]]:
+        """Per backend: runtime ``starts``, ``crashes`` (found dead without being stopped) and
+        ``restarts`` (a start that replaced an earlier runtime of the model)."""
+        for runtime in self._runtimes.values():
+            self._note_if_dead(runtime)
+        return {backend: dict(counts) for backend, counts in self._events.items()}
+
+    def _count(self, backend: str, event: str) -> None:
+        counts = self._events.setdefault(backend, {"starts": 0, "crashes": 0, "restarts": 0})
+        counts[event] += 1
+
+    def _note_if_dead(self, runtime: Runtime) -> None:
+        if not runtime.alive and runtime.generation not in self._crashed:
+            self._crashed.add(runtime.generation)
+            self._count(runtime.backend, "crashes")
+
     def take_retired(self) -> set[str]:
         """Generations that ended since the last call (stopped, or found dead)."""
         for runtime in self._runtimes.values():
             if not runtime.alive:
+                self._note_if_dead(runtime)
                 self._retired.add(runtime.generation)
         retired, self._retired = self._retired, set()
         return retired
@@ -246,8 +265,12 @@ class RuntimeManager:
         if current is not None and current.alive and current.model == spec:
             return current
         if current is not None:
+            self._note_if_dead(current)
             await self._stop(spec.id, current)
         runtime = await self._start(spec)
+        self._count(spec.backend, "starts")
+        if current is not None:
+            self._count(spec.backend, "restarts")
         self._started[spec.id] = self._wall()
         self._last_used[spec.id] = self._clock()
         self._busy[spec.id] = 0

@@ -70,7 +70,9 @@ from ..protocol import (
     ResourceExhausted,
     ServerInfo,
     StateList,
+    StateStatus,
     StateSummary,
+    Tier,
     TierRequest,
     TierResult,
     Unavailable,
@@ -87,6 +89,7 @@ from ..state.jobs import JobStore
 from ..state.principals import cache_salt
 from .accounting import ReuseAccounting
 from .context import ServiceConfig
+from .figures import Histogram, ServiceFigures
 from .gates import gate
 from .interface import StateQuery, WerkControl
 from .prefill import PrefillFlow
@@ -148,6 +151,8 @@ class LocalControlService(WerkControl):
         self.volatile = VolatileStates(clock=clock)
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
         self.accounting = ReuseAccounting(clock)
+        self.commit_latency = Histogram()
+        self.restore_latency = Histogram()
         self.memory_manager = memory if memory is not None else MemoryManager()
         for name, descriptor in pm.backends.items():
             self.memory_manager.set_participant(name, descriptor.requirement is not None)
@@ -249,6 +254,32 @@ class LocalControlService(WerkControl):
 
     async def stats(self, principal: str) -> StatsResponse:
         return self.accounting.stats(principal)
+
+    async def figures(self) -> ServiceFigures:
+        self.forget_dead_generations()
+        events = self.runtimes.event_counts()
+        volatile = self.volatile.counts()
+        loaded: dict[str, int] = {}
+        for runtime in self.runtimes.live().values():
+            loaded[runtime.backend] = loaded.get(runtime.backend, 0) + 1
+
+        def gather() -> tuple[dict[tuple[Tier, StateStatus], int], MemoryResponse]:
+            return self.catalog.counts(), self.memory_manager.snapshot()
+
+        stored, memory = await anyio.to_thread.run_sync(gather)
+        states = {(t.value, s.value): n for (t, s), n in stored.items()}
+        for (tier, status), n in volatile.items():
+            states[(tier, status)] = states.get((tier, status), 0) + n
+        return ServiceFigures(
+            runtime_events=events,
+            states=states,
+            handoffs=self.handoffs.event_counts(),
+            reuse=self.accounting.totals(),
+            commit_seconds=self.commit_latency.snapshot(),
+            restore_seconds=self.restore_latency.snapshot(),
+            memory=memory,
+            loaded_runtimes=loaded,
+        )
 
     async def runtimes_listing(self) -> RuntimeList:
         entries = self.runtimes.entries()

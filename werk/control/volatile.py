@@ -119,6 +119,16 @@ class VolatileStates:
                 and (pinned is None or s.pinned == pinned)
             ]
 
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Every principal's volatile states as ``(tier, status)`` → count (``/metrics``)."""
+        now = self._clock()
+        with self._lock:
+            out: dict[tuple[str, str], int] = {}
+            for s in self._states.values():
+                status = "expired" if s.expired(now) else "ready"
+                out[("backend", status)] = out.get(("backend", status), 0) + 1
+            return out
+
     def pinned_generations(self) -> frozenset[str]:
         """Generations holding a pinned, unexpired volatile state (of any principal): an idle
         unload would destroy it, so such a runtime stays loaded."""

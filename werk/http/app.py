@@ -17,6 +17,7 @@ from ..protocol import encode
 from .auth import Authenticator
 from .errors import error_response
 from .guard import admit
+from .metrics import HttpMetrics, MetricsMiddleware, metrics_endpoint
 from .openai import openai_routes
 from .openapi import openapi_document
 from .requests import RequestFramingMiddleware, RequestIdMiddleware
@@ -25,9 +26,13 @@ from .routes import werk_routes
 __all__ = ["build_app"]
 
 
-def build_app(control: WerkControl, auth: Authenticator) -> Starlette:
+def build_app(
+    control: WerkControl, auth: Authenticator, *, metrics_public: bool = False
+) -> Starlette:
     """Assemble the application. Its lifespan runs ``control``'s job queue and idle unloader
-    and then closes ``control`` (stopping every runtime)."""
+    and then closes ``control`` (stopping every runtime). ``metrics_public``: a loopback client
+    may scrape ``/metrics`` without a key (``werk serve --metrics-public``)."""
+    http_metrics = HttpMetrics()
     document = encode(openapi_document())
 
     @contextlib.asynccontextmanager
@@ -55,11 +60,17 @@ def build_app(control: WerkControl, auth: Authenticator) -> Starlette:
         routes=[
             *werk_routes(control, auth),
             Route("/werk/v1/openapi.json", openapi, methods=["GET"]),
+            Route(
+                "/metrics",
+                metrics_endpoint(control, auth, http_metrics, public=metrics_public),
+                methods=["GET"],
+            ),
             *openai_routes(control, auth),
         ],
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
+    app.add_middleware(MetricsMiddleware, metrics=http_metrics)
     app.add_middleware(RequestFramingMiddleware)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so every answer has an id
     return app

@@ -42,8 +42,8 @@ from typing import BinaryIO
 
 from .. import _fs
 from .._fs import Rejected, check_private_dir, fsync_dir, open_dir
-from ..protocol.errors import NotFound
-from ..protocol.states import PruneRequest, PruneResult, Tier
+from ..protocol.errors import NotFound, WerkError
+from ..protocol.states import PruneRequest, PruneResult, StateStatus, Tier
 from ._payload import Payload, write_payload
 from ._root import (
     StorageError,
@@ -79,6 +79,7 @@ from .metadata import (
     StoredState,
     encode_metadata,
     principal_dir_name,
+    principal_from_dir_name,
 )
 from .prune import BusyCheck, never_busy, select
 from .reconcile import Reconciler, ReconcileReport, delete_state
@@ -143,6 +144,28 @@ class StateCatalog:
             and (tier is None or s.tier == tier)
             and (pinned is None or s.pinned == pinned)
         ]
+
+    def counts(self) -> dict[tuple[Tier, StateStatus], int]:
+        """Every principal's states by tier and status (``ready``/``expired``), read-only, for
+        ``/metrics``: no principal appears in the result. Unreadable entries are skipped."""
+        root = open_store_root(self._home)
+        if root is None:
+            return {}
+        try:
+            principals = [p for p in map(principal_from_dir_name, os.listdir(root)) if p]
+        finally:
+            os.close(root)
+        now = self._clock()
+        out: dict[tuple[Tier, StateStatus], int] = {}
+        for principal in principals:
+            try:
+                states = self._read_states(principal)
+            except WerkError:
+                continue
+            for s in states:
+                key = (s.tier, StateStatus.EXPIRED if s.expired(now) else StateStatus.READY)
+                out[key] = out.get(key, 0) + 1
+        return out
 
     def get(self, principal: str, state_id: str) -> StoredState:
         """One state; ``not_found`` when unknown, expired, invalid or another principal's."""

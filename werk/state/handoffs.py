@@ -149,6 +149,14 @@ class HandoffRegistry:
         self._slots: dict[int, _Slot] = {}
         self._by_digest: dict[str, int] = {}
         self._per_principal: Counter[str] = Counter()
+        self._events: Counter[str] = Counter()
+
+    def event_counts(self) -> dict[str, int]:
+        """Handoffs ``issued``, ``redeemed`` (consumed for a decode), ``expired`` (unused) and
+        ``rejected`` (a token that was not a live handoff of the caller), since start."""
+        with self._lock:
+            self._purge()
+            return {e: self._events[e] for e in ("issued", "redeemed", "expired", "rejected")}
 
     # --- issuance ---------------------------------------------------------------------------
 
@@ -191,13 +199,16 @@ class HandoffRegistry:
                 or not hmac.compare_digest(slot.digest, digest)
                 or not hmac.compare_digest(slot.principal.encode(), principal.encode())
             ):
+                self._events["rejected"] += 1
                 raise InvalidHandoff(_INVALID)
             del self._by_digest[digest]
             slot.digest = None
             if slot.binding.envelope.generation not in live:
                 # A generation never comes back: the record is dead for good, free its slot.
                 self._free(slot_id)
+                self._events["rejected"] += 1
                 raise InvalidHandoff(_INVALID)
+            self._events["redeemed"] += 1
             slot.phase = _Phase.HELD
             slot.expires_at = self._clock() + self._ttl
             binding = slot.binding  # kept on the held slot: prune sees the state as in use
@@ -274,6 +285,8 @@ class HandoffRegistry:
     def _purge(self) -> None:
         now = self._clock()
         for slot_id in [i for i, slot in self._slots.items() if now >= slot.expires_at]:
+            if self._slots[slot_id].phase is _Phase.LIVE:
+                self._events["expired"] += 1
             self._free(slot_id)
 
     def _admit(self, principal: str, phase: _Phase) -> int:
@@ -325,6 +338,7 @@ class HandoffRegistry:
             slot.binding = binding
             slot.expires_at = self._clock() + self._ttl
             self._by_digest[digest] = slot_id
+            self._events["issued"] += 1
             return IssuedHandoff(token, slot.expires_at)
 
 
