@@ -39,7 +39,7 @@ __all__ = [
     "verified_slot_file",
 ]
 
-SCHEMA = 1
+SCHEMA = 2
 MAX_CANARY_JSON_BYTES = 1 << 20
 
 
@@ -68,6 +68,7 @@ class Canary:
     :ivar generation: the generation that saved it.
     :ivar tokens: the probe prompt's tokens.
     :ivar content: the greedy text generated from them (the replay must reproduce it).
+    :ivar n_predict: how many tokens that text is.
     :ivar n_saved: tokens the save held; :ivar n_written: bytes of the slot file.
     :ivar sha256: digest of the slot file.
     """
@@ -75,6 +76,7 @@ class Canary:
     generation: str
     tokens: tuple[int, ...]
     content: str
+    n_predict: int
     n_saved: int
     n_written: int
     sha256: str
@@ -96,6 +98,7 @@ def load_canary(lineage: str) -> Canary | None:
             generation=str(record["generation"]),
             tokens=tuple(int(t) for t in record["tokens"]),
             content=str(record["content"]),
+            n_predict=int(record["n_predict"]),
             n_saved=int(record["n_saved"]),
             n_written=int(record["n_written"]),
             sha256=str(record["sha256"]),
