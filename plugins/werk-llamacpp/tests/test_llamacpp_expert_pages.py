@@ -21,6 +21,7 @@ from test_llamacpp_process_support import (
     WERK,
     create_demo,
     gone,
+    inspection_stub,
     llama_children,
     needs_llama_server,
     wait_until,
@@ -29,27 +30,12 @@ from test_llamacpp_process_support import (
 )
 from werk_llamacpp.demo import create_demo_model
 from werk_llamacpp.expert_pages import expert_ranges, prepare_expert_pages
-from werk_llamacpp.inspect import FileIdentity, Inspection
 
 from werk import InvalidRequest
 from werk.memory.pages import PAGE_SIZE, resident_pages
 from werk.memory.prepare import complete_pages
 
 MiB = 1 << 20
-
-
-def cpu_build(devices: tuple[str, ...] | None = ()) -> Inspection:
-    return Inspection(
-        path=Path("/nonexistent/llama-server"),
-        identity=FileIdentity("/nonexistent/llama-server", 0, 0, 0, 0, 0),
-        sha256="0" * 64,
-        help_text="",
-        version_text="version: 1 (test)",
-        flags=frozenset(),
-        problems=(),
-        missing_essential=(),
-        devices=devices,
-    )
 
 
 def drop_cache(path: Path) -> None:
@@ -97,7 +83,7 @@ async def test_only_the_expert_pages_become_resident(moe: Path) -> None:
     drop_cache(moe)
     if resident_pages(moe).resident:
         pytest.skip("this filesystem keeps pages after POSIX_FADV_DONTNEED (tmpfs?)")
-    prepared = await prepare_expert_pages(moe, [], cpu_build(), ranges=inventory)
+    prepared = await prepare_expert_pages(moe, [], inspection_stub(), ranges=inventory)
     assert prepared is not None
     try:
         report = prepared.report
@@ -124,20 +110,20 @@ async def test_only_the_expert_pages_become_resident(moe: Path) -> None:
 
 @pytest.mark.anyio
 async def test_the_deadline_an_offloading_build_and_the_switch(moe: Path) -> None:
-    stopped = await prepare_expert_pages(moe, [], cpu_build(), deadline_seconds=0)
+    stopped = await prepare_expert_pages(moe, [], inspection_stub(), deadline_seconds=0)
     assert stopped is not None and stopped.report.outcome == "stopped: deadline of 0 s"
     assert stopped.report.retained_bytes == 0 and mapped_in(os.getpid(), moe) == 0
-    gpu = await prepare_expert_pages(moe, [], cpu_build(("CUDA0: H200",)))
+    gpu = await prepare_expert_pages(moe, [], inspection_stub(("CUDA0: H200",)))
     assert gpu is not None
     assert gpu.report.outcome == "skipped: llama-server may offload to CUDA0: H200"
-    cpu_forced = await prepare_expert_pages(moe, ["-ngl", "0"], cpu_build(("CUDA0: H200",)))
+    cpu_forced = await prepare_expert_pages(moe, ["-ngl", "0"], inspection_stub(("CUDA0: H200",)))
     assert cpu_forced is not None and cpu_forced.report.outcome == "completed"
     cpu_forced.close()
     off = {"WERK_LLAMA_EXPERT_PREPARATION": "off"}
-    assert await prepare_expert_pages(moe, [], cpu_build(), environ=off) is None
+    assert await prepare_expert_pages(moe, [], inspection_stub(), environ=off) is None
     with pytest.raises(InvalidRequest, match="auto or off"):
         await prepare_expert_pages(
-            moe, [], cpu_build(), environ={"WERK_LLAMA_EXPERT_PREPARATION": "1"}
+            moe, [], inspection_stub(), environ={"WERK_LLAMA_EXPERT_PREPARATION": "1"}
         )
 
 

@@ -23,6 +23,7 @@ import psutil
 import pytest
 from werk_llamacpp.demo import create_demo_model
 from werk_llamacpp.executable import locate_llama_server
+from werk_llamacpp.inspect import FileIdentity, Inspection
 
 from werk import ModelSpec
 
@@ -280,3 +281,18 @@ def _healthy(served: Served) -> bool:
         return httpx.get(f"{served.base_url}/werk/v1/health", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def inspection_stub(devices: tuple[str, ...] | None = ()) -> Inspection:
+    """An inspection of no real file, with ``--list-devices``' answer ``devices``."""
+    return Inspection(
+        path=Path("/nonexistent/llama-server"),
+        identity=FileIdentity("/nonexistent/llama-server", 0, 0, 0, 0, 0),
+        sha256="0" * 64,
+        help_text="",
+        version_text="version: 1 (test)",
+        flags=frozenset(),
+        problems=(),
+        missing_essential=(),
+        devices=devices,
+    )

@@ -8,8 +8,12 @@ from pathlib import Path
 
 import gguf
 import pytest
-from test_llamacpp_process_support import demo_model, needs_llama_server, spec_for
-from werk_llamacpp.inspect import FileIdentity, Inspection
+from test_llamacpp_process_support import (
+    demo_model,
+    inspection_stub,
+    needs_llama_server,
+    spec_for,
+)
 from werk_llamacpp.requirement import (
     COMPUTE_FIXED_BYTES,
     offload_reason,
@@ -92,22 +96,9 @@ def test_a_truncated_gguf_is_refused(tmp_path: Path) -> None:
         requirement_for(cut, [])
 
 
-def _inspection(devices: tuple[str, ...] | None) -> Inspection:
-    return Inspection(
-        path=Path("/nonexistent/llama-server"),
-        identity=FileIdentity("/nonexistent/llama-server", 0, 0, 0, 0, 0),
-        sha256="0" * 64,
-        help_text="",
-        version_text="version: 1 (test)",
-        flags=frozenset(),
-        problems=(),
-        missing_essential=(),
-        devices=devices,
-    )
-
-
 def test_a_bound_is_given_only_when_the_child_cannot_offload() -> None:
-    cpu, gpu, unknown = _inspection(()), _inspection(("CUDA0: H200",)), _inspection(None)
+    cpu, unknown = inspection_stub(()), inspection_stub(None)
+    gpu = inspection_stub(("CUDA0: H200",))
     assert offload_reason([], cpu) is None
     assert offload_reason([], gpu) == "llama-server may offload to CUDA0: H200"
     assert offload_reason([], unknown) is not None
