@@ -183,7 +183,8 @@ async def test_a_busy_runtime_is_never_unloaded_and_the_start_fails_retryably() 
     assert list(s.runtimes.live()) == ["a"]
     assert managed(s) == (50 * GiB, 0)  # b's reservation is not left behind
     use.release()
-    s.clock.now += 10  # past the relief cooldown
+    # At once: a denial is not a failed start (no backoff), and the denied pass ran no action
+    # (no relief cooldown either).
     with await s.runtimes.use(spec("b")):
         pass
     assert s.backend.stopped == ["a_0"]

@@ -356,20 +356,23 @@ class RuntimeManager:
                 capability=CapabilityId.MODEL_RESIDENCY,
             )
         requirement = await self._requirement(descriptor, spec)
-        if requirement is not None and self._memory is not None:
-            reservation = await anyio.to_thread.run_sync(self._reserve, spec, requirement)
-        else:
-            reservation = None
-        lease = await anyio.to_thread.run_sync(ModelFileLease.acquire, spec.files)
+        reservation: Reservation | None = None
+        lease: ModelFileLease | None = None
+        starting = False
         try:
+            if requirement is not None and self._memory is not None:
+                reservation = await anyio.to_thread.run_sync(self._reserve, spec, requirement)
+            lease = await anyio.to_thread.run_sync(ModelFileLease.acquire, spec.files)
+            starting = True
             runtime = await descriptor.start(spec)
         except BaseException as exc:
             if reservation is not None and self._memory is not None:
                 self._memory.cancel(reservation)
-            with anyio.CancelScope(shield=True):
-                await self._end_lease(spec.id, lease, stopped=True)
-            if not isinstance(exc, Exception):
-                raise
+            if lease is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._end_lease(spec.id, lease, stopped=True)
+            if not starting or not isinstance(exc, Exception):
+                raise  # no room (resource_exhausted) is not a failed start: no backoff
             self._failures[spec.id] = (failures + 1, self._clock())
             if isinstance(exc, WerkError):
                 raise
@@ -383,7 +386,8 @@ class RuntimeManager:
             self._allocations[spec.id] = self._memory.commit(reservation, reservation.nbytes)
         self._failures.pop(spec.id, None)
         self._runtimes[spec.id] = runtime
-        self._leases[spec.id] = lease
+        if lease is not None:
+            self._leases[spec.id] = lease
         return runtime
 
     async def _end_lease(self, model: str, lease: ModelFileLease, *, stopped: bool) -> None:
