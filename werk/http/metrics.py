@@ -24,30 +24,25 @@ Access is the same as ``/werk/v1``'s (a bearer key when keys are configured); ``
 from __future__ import annotations
 
 import ipaddress
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import anyio
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client import Counter as PromCounter
-from prometheus_client import Histogram as PromHistogram
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..control.figures import HistogramSnapshot, ServiceFigures
+from ..control.figures import Histogram, HistogramSnapshot, ServiceFigures
 from ..control.interface import WerkControl
 from ..protocol import PressureLevel
 from .auth import Authenticator
 from .errors import error_response
 from .guard import admit
+
+if TYPE_CHECKING:  # prometheus_client is imported when /metrics is scraped, not at start-up
+    from prometheus_client.core import Metric
 
 __all__ = ["HttpMetrics", "MetricsMiddleware", "metrics_endpoint"]
 
@@ -58,27 +53,31 @@ _METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"
 
 
 class HttpMetrics:
-    """The per-application HTTP request metrics (a private registry, not the global one)."""
+    """Request counts and latencies by route template (plain counters: nothing of
+    ``prometheus_client`` is imported or touched on the request path)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = PromCounter(
-            "werk_http_requests",
-            "HTTP requests by route template, method and status class",
-            ["route", "method", "status_class"],
-            registry=self.registry,
-        )
-        self.duration = PromHistogram(
-            "werk_http_request_duration_seconds",
-            "HTTP request duration until the response ended, by route template and method",
-            ["route", "method"],
-            registry=self.registry,
-        )
+        self._lock = threading.Lock()
+        self._requests: dict[tuple[str, str, str], int] = {}
+        self._durations: dict[tuple[str, str], Histogram] = {}
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
         method = method if method in _METHODS else "OTHER"
-        self.requests.labels(route, method, f"{status // 100}xx").inc()
-        self.duration.labels(route, method).observe(seconds)
+        key = (route, method, f"{status // 100}xx")
+        with self._lock:
+            self._requests[key] = self._requests.get(key, 0) + 1
+            histogram = self._durations.get((route, method))
+            if histogram is None:
+                histogram = self._durations[(route, method)] = Histogram()
+        histogram.observe(seconds)
+
+    def snapshot(
+        self,
+    ) -> tuple[dict[tuple[str, str, str], int], dict[tuple[str, str], HistogramSnapshot]]:
+        with self._lock:
+            requests = dict(self._requests)
+            durations = dict(self._durations)
+        return requests, {key: h.snapshot() for key, h in durations.items()}
 
 
 class MetricsMiddleware:
@@ -140,49 +139,76 @@ def metrics_endpoint(
 
 def render(http: HttpMetrics, figures: ServiceFigures) -> bytes:
     """The exposition text of the HTTP metrics and ``figures``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    families = list(_http(http)) + list(_figures(figures))
+
+    class Snapshot:
+        def collect(self) -> Iterator[Metric]:
+            return iter(families)
+
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(http, figures))
-    return generate_latest(registry)
+    registry.register(Snapshot())
+    return bytes(generate_latest(registry))
 
 
-class _Snapshot(Collector):
-    def __init__(self, http: HttpMetrics, figures: ServiceFigures) -> None:
-        self._http = http
-        self._figures = figures
+def _http(http: HttpMetrics) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-    def collect(self) -> Iterator[Metric]:
-        yield from self._http.registry.collect()
-        f = self._figures
-        yield from _runtimes(f)
-        states = GaugeMetricFamily(
-            "werk_states",
-            "Named states by tier and status (all principals)",
-            labels=["tier", "status"],
-        )
-        for (tier, status), n in sorted(f.states.items()):
-            states.add_metric([tier, status], n)
-        yield states
-        handoffs = CounterMetricFamily(
-            "werk_handoffs", "Prefill/decode handoffs by event", labels=["event"]
-        )
-        for event, n in sorted(f.handoffs.items()):
-            handoffs.add_metric([event], n)
-        yield handoffs
-        yield from _reuse(f)
-        yield _histogram(
-            "werk_store_commit_duration_seconds",
-            "Commits of named states to the disk store",
-            f.commit_seconds,
-        )
-        yield _histogram(
-            "werk_state_restore_duration_seconds",
-            "Restores of stored states into a backend (verify, copy, backend restore)",
-            f.restore_seconds,
-        )
-        yield from _memory(f)
+    requests, durations = http.snapshot()
+    counted = CounterMetricFamily(
+        "werk_http_requests",
+        "HTTP requests by route template, method and status class",
+        labels=["route", "method", "status_class"],
+    )
+    for (route, method, status_class), n in sorted(requests.items()):
+        counted.add_metric([route, method, status_class], n)
+    yield counted
+    timed = HistogramMetricFamily(
+        "werk_http_request_duration_seconds",
+        "HTTP request duration until the response ended, by route template and method",
+        labels=["route", "method"],
+    )
+    for (route, method), snapshot in sorted(durations.items()):
+        timed.add_metric([route, method], _buckets(snapshot), snapshot.total)
+    yield timed
+
+
+def _figures(f: ServiceFigures) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    yield from _runtimes(f)
+    states = GaugeMetricFamily(
+        "werk_states",
+        "Named states by tier and status (all principals)",
+        labels=["tier", "status"],
+    )
+    for (tier, status), n in sorted(f.states.items()):
+        states.add_metric([tier, status], n)
+    yield states
+    handoffs = CounterMetricFamily(
+        "werk_handoffs", "Prefill/decode handoffs by event", labels=["event"]
+    )
+    for event, n in sorted(f.handoffs.items()):
+        handoffs.add_metric([event], n)
+    yield handoffs
+    yield from _reuse(f)
+    yield _histogram(
+        "werk_store_commit_duration_seconds",
+        "Commits of named states to the disk store",
+        f.commit_seconds,
+    )
+    yield _histogram(
+        "werk_state_restore_duration_seconds",
+        "Restores of stored states into a backend (verify, copy, backend restore)",
+        f.restore_seconds,
+    )
+    yield from _memory(f)
 
 
 def _runtimes(f: ServiceFigures) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     for event, text in (
         ("starts", "Runtime starts"),
         ("crashes", "Runtimes found dead without being stopped"),
@@ -199,6 +225,8 @@ def _runtimes(f: ServiceFigures) -> Iterator[Metric]:
 
 
 def _reuse(f: ServiceFigures) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily
+
     prefills = CounterMetricFamily("werk_prefills", "Prefills", labels=["model"])
     prompt = CounterMetricFamily(
         "werk_prefill_prompt_tokens", "Prompt tokens of prefills", labels=["model"]
@@ -221,14 +249,21 @@ def _reuse(f: ServiceFigures) -> Iterator[Metric]:
     yield from (prefills, prompt, reused, restores)
 
 
+def _buckets(snapshot: HistogramSnapshot) -> list[tuple[str, float]]:
+    return [("+Inf" if b == float("inf") else repr(b), float(n)) for b, n in snapshot.buckets]
+
+
 def _histogram(name: str, text: str, snapshot: HistogramSnapshot) -> Metric:
+    from prometheus_client.core import HistogramMetricFamily
+
     family = HistogramMetricFamily(name, text)
-    buckets = [("+Inf" if b == float("inf") else repr(b), n) for b, n in snapshot.buckets]
-    family.add_metric([], buckets, snapshot.total)
+    family.add_metric([], _buckets(snapshot), snapshot.total)
     return family
 
 
 def _memory(f: ServiceFigures) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     m = f.memory
     if m.host is not None:
         for part in ("total", "used", "available"):
