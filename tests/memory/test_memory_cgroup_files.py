@@ -54,6 +54,38 @@ def test_v2_walks_up_and_takes_the_minimum(tmp_path: Path) -> None:
     assert budget.headroom_bytes == 724 * MiB
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_mapped_and_dirty_file_cache_count_as_used(tmp_path: Path, version: int) -> None:
+    """Reclaimable = active + inactive file cache - mapped - dirty - writeback: a model file a
+    runtime maps is used memory even on the inactive list; clean unmapped cache is not."""
+    prefix = "total_" if version == 1 else ""
+    names = (
+        ("active_file", "inactive_file", "mapped_file", "dirty", "writeback")
+        if version == 1
+        else ("active_file", "inactive_file", "file_mapped", "file_dirty", "file_writeback")
+    )
+    counts = (100, 700, 650, 20, 10)  # MiB
+    stat = "".join(f"{prefix}{n} {c * MiB}\n" for n, c in zip(names, counts, strict=True))
+    files = (
+        {"memory.max": f"{2048 * MiB}\n", "memory.current": f"{1200 * MiB}\n"}
+        if version == 2
+        else {
+            "memory.limit_in_bytes": f"{2048 * MiB}\n",
+            "memory.usage_in_bytes": f"{1200 * MiB}\n",
+        }
+    )
+    root = _tree(tmp_path, {**files, "memory.stat": stat})
+    if version == 2:
+        kw = _proc(tmp_path, "0::/\n", [_mount(30, "/", root, "cgroup2", "rw")])
+    else:
+        kw = _proc(tmp_path, "5:memory:/\n", [_mount(31, "/", root, "cgroup", "rw,memory")])
+    budget = read_cgroup_budget(**kw)
+    assert budget is not None and budget.version == version
+    # reclaimable = 100 + 700 - 650 - 20 - 10 = 120 MiB; the mapped 650 MiB stay counted
+    assert budget.usage_bytes == (1200 - 120) * MiB
+    assert budget.headroom_bytes == (2048 - 1080) * MiB
+
+
 def test_v2_unlimited_everywhere_is_none(tmp_path: Path) -> None:
     root = _tree(tmp_path, {"x/memory.max": "max\n", "x/memory.current": "5\n"})
     kw = _proc(tmp_path, "0::/x\n", [_mount(30, "/", root, "cgroup2", "rw")])

@@ -6,15 +6,23 @@ collecting every finite limit on the way:
 
 * **cgroup v2** (preferred): the unified hierarchy, when the memory controller is enabled for the
   process's cgroup (``memory.current`` is present). Limit file ``memory.max`` (``max`` means
-  unlimited), usage ``memory.current``, reclaimable cache ``inactive_file`` in ``memory.stat``.
+  unlimited), usage ``memory.current``, file cache counters ``active_file``, ``inactive_file``,
+  ``file_mapped``, ``file_dirty``, ``file_writeback`` in ``memory.stat``.
 * **cgroup v1** (hybrid and legacy hosts): the hierarchy mounted with the ``memory`` controller.
   Limit ``memory.limit_in_bytes`` (values of 2**62 and above mean unlimited), usage
-  ``memory.usage_in_bytes``, reclaimable cache ``total_inactive_file`` in ``memory.stat``.
+  ``memory.usage_in_bytes``, the same counters with a ``total_`` prefix (``total_mapped_file``,
+  ``total_dirty``, …) in ``memory.stat``.
+
+**Reclaimable** is the clean file cache no process maps: ``active_file + inactive_file -
+mapped - dirty - writeback`` (never below 0). A model file a runtime maps is *used* even when
+the kernel keeps it on the inactive list (observed here: 712 MB mapped, 721 MB inactive, while a
+process held the mapping); a file read once and closed is reclaimable whether its pages are
+active or inactive.
 
 The process's cgroup path comes from ``/proc/self/cgroup``; the mount point and the mount's root
 (relevant inside cgroup namespaces) from ``/proc/self/mountinfo``. The limit of a level binds
 everything below it, so the effective limit is the **minimum** over the walked levels, and the
-effective headroom is the minimum over those levels of ``limit - (usage - inactive_file)``.
+effective headroom is the minimum over those levels of ``limit - (usage - reclaimable)``.
 
 Nothing is guessed. No cgroup filesystem, no memory controller, or a cgroup directory that is
 not visible here all mean "no cgroup limit observable" (``None``). A file that exists but cannot
@@ -47,8 +55,8 @@ class CgroupBudget:
     :ivar version: 1 or 2, the hierarchy the numbers come from.
     :ivar path: the cgroup directory whose limit is the minimum (the binding level).
     :ivar limit_bytes: the minimum finite limit over the walked levels.
-    :ivar usage_bytes: charged memory at the binding level minus its reclaimable inactive file
-        cache (never below zero).
+    :ivar usage_bytes: charged memory at the binding level minus its reclaimable file cache
+        (clean, unmapped; never below zero).
     :ivar headroom_bytes: the minimum over limited levels of ``limit - usage`` (never below 0).
     """
 
@@ -219,26 +227,47 @@ def _read_int(path: str, *, allow_max: bool) -> int | None:
     return number
 
 
-def _read_stat(path: str, key: str) -> int:
-    """One counter of ``memory.stat``; 0 when the file or key is absent (nothing to subtract)."""
+def _read_stats(path: str, keys: tuple[str, ...]) -> dict[str, int]:
+    """Counters of ``memory.stat``; 0 for a key (or file) that is absent (nothing to subtract)."""
     text = _read_text(path)
+    found = dict.fromkeys(keys, 0)
     if text is None:
-        return 0
+        return found
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name == key:
+        if name in found:
             try:
-                return max(0, int(value.strip()))
+                found[name] = max(0, int(value.strip()))
             except ValueError as exc:
-                raise CgroupReadError(f"{path}: {key} is not an integer") from exc
-    return 0
+                raise CgroupReadError(f"{path}: {name} is not an integer") from exc
+    return found
+
+
+_FILE_CACHE_KEYS = {
+    2: ("active_file", "inactive_file", "file_mapped", "file_dirty", "file_writeback"),
+    1: (
+        "total_active_file",
+        "total_inactive_file",
+        "total_mapped_file",
+        "total_dirty",
+        "total_writeback",
+    ),
+}
+
+
+def _reclaimable(path: str, version: Literal[1, 2]) -> int:
+    """Clean file cache that no process maps (see the module docstring)."""
+    active, inactive, mapped, dirty, writeback = _read_stats(
+        path, _FILE_CACHE_KEYS[version]
+    ).values()
+    return max(0, active + inactive - mapped - dirty - writeback)
 
 
 def _walk(version: Literal[1, 2], directory: str, mountpoint: str) -> CgroupBudget | None:
-    limit_file, usage_file, inactive_key = (
-        ("memory.max", "memory.current", "inactive_file")
+    limit_file, usage_file = (
+        ("memory.max", "memory.current")
         if version == 2
-        else ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else ("memory.limit_in_bytes", "memory.usage_in_bytes")
     )
     stop = os.path.normpath(mountpoint)
     current = os.path.normpath(directory)
@@ -252,8 +281,8 @@ def _walk(version: Literal[1, 2], directory: str, mountpoint: str) -> CgroupBudg
             charged = _read_int(os.path.join(current, usage_file), allow_max=False)
             if charged is None:
                 raise CgroupReadError(f"{current} has {limit_file} but no {usage_file}")
-            inactive = _read_stat(os.path.join(current, "memory.stat"), inactive_key)
-            usage = max(0, charged - inactive)
+            reclaimable = _reclaimable(os.path.join(current, "memory.stat"), version)
+            usage = max(0, charged - reclaimable)
             level_headroom = max(0, limit - usage)
             headroom = level_headroom if headroom is None else min(headroom, level_headroom)
             if best is None or limit < best.limit_bytes:

@@ -7,7 +7,8 @@ is ``None``, never 0. NVML is always shut down after a sample.
 **Effective host budget.** With ``P_total``/``P_avail`` from ``psutil.virtual_memory()`` and the
 cgroup budget of :func:`werk.memory.cgroup.read_cgroup_budget` (``L`` = minimum finite limit over
 the process's cgroup and its ancestors, ``H`` = minimum over those levels of
-``limit - (usage - inactive_file)``; both infinite when no limit applies)::
+``limit - (usage - reclaimable)``, reclaimable = clean file cache no process maps; both
+infinite when no limit applies)::
 
     total_bytes     = min(P_total, L)
     available_bytes = min(P_avail, H, total_bytes)
