@@ -110,6 +110,7 @@ class Child(SupervisedProcess):
         port: int,
     ) -> None:
         super().__init__(popen, log_path=log_path, name="llama-server")
+        self.log_path: Path = log_path  # always set for a child (narrower than the base's)
         self.generation = generation
         self.workdir = workdir
         self.port = port
