@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..control.figures import Histogram, HistogramSnapshot, ServiceFigures
+from ..control.figures import LATENCY_BUCKETS, Histogram, HistogramSnapshot, ServiceFigures
 from ..control.interface import WerkControl
 from ..protocol import PressureLevel
 from .auth import Authenticator
@@ -50,6 +50,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The classic text format (what ``generate_latest`` writes; every Prometheus reads it)."""
 
 _METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})
+HTTP_BUCKETS = (0.001, 0.0025, *LATENCY_BUCKETS)
+"""Seconds; a millisecond resolution at the bottom for the /v1 hop (issue 15's measure)."""
 
 
 class HttpMetrics:
@@ -68,7 +70,7 @@ class HttpMetrics:
             self._requests[key] = self._requests.get(key, 0) + 1
             histogram = self._durations.get((route, method))
             if histogram is None:
-                histogram = self._durations[(route, method)] = Histogram()
+                histogram = self._durations[(route, method)] = Histogram(HTTP_BUCKETS)
         histogram.observe(seconds)
 
     def snapshot(
