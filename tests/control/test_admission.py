@@ -273,3 +273,21 @@ async def test_the_service_reports_the_row_and_each_runtimes_reservation(tmp_pat
         [listed] = (await service.runtimes_listing()).runtimes
         assert listed.reserved_bytes == GiB
     assert MemoryManager().reservations_capability().status == CapabilityStatus.UNAVAILABLE
+
+
+@pytest.mark.anyio
+async def test_a_model_that_would_start_unaccounted_makes_the_row_unavailable(
+    tmp_path: Path,
+) -> None:
+    backend = Backend({"a": GiB, "b": None})
+    pm = werk.get_plugin_manager(load_entrypoints=False, plugins=[("sized", backend)])
+    async with local_service([spec("a"), spec("b")], home=tmp_path, pm=pm) as service:
+        rows = (await service.capabilities()).capabilities
+        [row] = [r for r in rows if r.id == "runtime.memory.reservations"]
+        assert row.status == CapabilityStatus.UNAVAILABLE
+        assert row.reason is not None and "would start unaccounted: b: backend" in row.reason
+        backend.fail_requirement = True
+        rows = (await service.capabilities()).capabilities
+        [row] = [r for r in rows if r.id == "runtime.memory.reservations"]
+        assert row.reason is not None and "a: its requirement cannot be computed" in row.reason
+        assert backend.started == []  # computing the row starts nothing

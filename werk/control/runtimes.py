@@ -405,6 +405,30 @@ class RuntimeManager:
             f"; kept: {', '.join(kept)}" if kept else "",
         )
 
+    async def unbounded(self, specs: Collection[ModelSpec]) -> dict[str, str]:
+        """The models among ``specs`` whose start would not be reserved, with why (for the
+        ``runtime.memory.reservations`` row). Each backend's requirement is computed now, as a
+        start would (for llama.cpp: the cached inspection and the GGUF header)."""
+        out: dict[str, str] = {}
+        for spec in specs:
+            descriptor = self._pm.backends.get(spec.backend)
+            if descriptor is None or descriptor.start is None:
+                continue  # Werk does not start it: nothing of it to account here
+            if descriptor.requirement is None or self._memory is None:
+                out[spec.id] = f"backend {spec.backend!r} gives no memory requirement"
+                continue
+            try:
+                requirement = await descriptor.requirement(spec)
+            except WerkError as exc:
+                out[spec.id] = f"its requirement cannot be computed ({exc.message})"
+                continue
+            except Exception as exc:
+                out[spec.id] = f"its requirement cannot be computed ({type(exc).__name__})"
+                continue
+            if requirement is None:
+                out[spec.id] = f"backend {spec.backend!r} gives no bound for it (see its log)"
+        return out
+
     async def _requirement(
         self, descriptor: BackendDescriptor, spec: ModelSpec
     ) -> RuntimeRequirement | None:

@@ -235,7 +235,8 @@ class LocalControlService(WerkControl):
             self.pm, list(self._specs.values()), self.runtimes.live(), model=model
         )
         rows = await anyio.to_thread.run_sync(host_capabilities)
-        rows.append(self.memory_manager.reservations_capability())
+        uncovered = await self.runtimes.unbounded(list(self._specs.values()))
+        rows.append(self.memory_manager.reservations_capability(uncovered))
         answers: list[list[CapabilityReport]] = [[] for _ in contexts]
 
         async def ask(index: int, context: CapabilityContext) -> None:

@@ -44,7 +44,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -188,12 +188,28 @@ class _Sample:
     pools: dict[str, PoolView] = field(default_factory=dict)
 
 
-def reservations_capability(participating: bool) -> CapabilityReport:
+def reservations_capability(
+    participating: bool, uncovered: Mapping[str, str] | None = None
+) -> CapabilityReport:
     """The host's ``runtime.memory.reservations`` row.
 
     :param participating: whether any loaded adapter supplies bounded byte requirements and
         advertises the reservation capability.
+    :param uncovered: configured models whose start would *not* be reserved (model id →
+        why). Any of them makes the row ``unavailable``: Werk does not claim to protect loads
+        it does not account.
     """
+    if participating and uncovered:
+        shown = "; ".join(f"{model}: {why}" for model, why in sorted(uncovered.items())[:4])
+        more = f" (and {len(uncovered) - 4} more)" if len(uncovered) > 4 else ""
+        return CapabilityReport(
+            id=_CAPABILITY,
+            status=CapabilityStatus.UNAVAILABLE,
+            reason=(
+                "Werk reserves memory only for starts whose backend gives a bound; these "
+                f"configured models would start unaccounted: {shown}{more}"
+            ),
+        )
     if participating:
         return CapabilityReport(
             id=_CAPABILITY,
@@ -286,9 +302,12 @@ class MemoryManager:
         with self._lock:
             return bool(self._participants)
 
-    def reservations_capability(self) -> CapabilityReport:
-        """The ``runtime.memory.reservations`` row for the current participants."""
-        return reservations_capability(self.participating)
+    def reservations_capability(
+        self, uncovered: Mapping[str, str] | None = None
+    ) -> CapabilityReport:
+        """The ``runtime.memory.reservations`` row for the current participants and the
+        configured models that would start unaccounted (``uncovered``)."""
+        return reservations_capability(self.participating, uncovered)
 
     # -- observation ---------------------------------------------------------------------------
 

@@ -15,10 +15,12 @@ Cells that the seed gives as "supported or unavailable" (host telemetry) accept 
 two values; every other cell is one status.
 
 Two cells go beyond the seed, as issues 16 and 17 decided: ``runtime.memory.reservations`` is
-``supported`` because the llama.cpp adapter supplies a requirement and ``werk serve`` reserves
-it (the seed: ``unavailable``, no adapter did); ``runtime.state.restore.cross_restart`` stays
-``unavailable`` in every scenario here (one server generation per home: there is no earlier
-generation to prove against; ``test_llamacpp_cross_restart.py`` covers the restart).
+``supported`` because the llama.cpp adapter supplies a requirement for the demo model on this
+CPU-only build and ``werk serve`` reserves it (the seed: ``unavailable``, no adapter did; it is
+``unavailable`` again where no executable is found, because then no bound is given);
+``runtime.state.restore.cross_restart`` stays ``unavailable`` in every scenario here (one
+server generation per home: there is no earlier generation to prove against;
+``test_llamacpp_cross_restart.py`` covers the restart).
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ VALIDATED = _column(probed=EXP, residency=SUP)
 """Column "Functionally validated llama.cpp process"."""
 BEFORE_AFTER_FAILED = _column(probed=UNAV, residency=SUP)
 """Column "before/after a failed state probe" with a compatible managed runtime available."""
-NO_RUNTIME = _column(probed=UNAV, residency=UNAV)
-"""The same column where no compatible managed runtime is available."""
+NO_RUNTIME = _column(probed=UNAV, residency=UNAV) | {
+    "runtime.memory.reservations": frozenset({UNAV})
+}
+"""The same column where no compatible managed runtime is available (nor a requirement: the
+demo model would not be reserved, so the reservations row is not claimed either)."""
 
 SCENARIOS = {
     "validated": VALIDATED,
