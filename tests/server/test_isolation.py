@@ -92,7 +92,7 @@ def test_b_cannot_list_or_inspect(world: World) -> None:
     assert theirs.message == nobody.message  # indistinguishable from a state that never existed
 
 
-def test_b_does_not_see_a_figures(spawn_server: Callable[..., WerkServer]) -> None:
+def test_stats_count_only_the_callers_own_prefills(spawn_server: Callable[..., WerkServer]) -> None:
     """``GET /werk/v1/stats`` counts the caller's own prefills only."""
     server = spawn_server(keys=[KEY_A, KEY_B])
     with server.client(KEY_A) as alice, server.client(KEY_B) as bob:

@@ -87,29 +87,44 @@ class StateViews:
     def __init__(self, service: ServiceContext) -> None:
         self.s = service
 
-    async def _live(self, models: set[str], principal: str) -> dict[str, _Live]:
-        """Per model: the live runtime's envelope and whether it proved cross-restart restore
-        (``None`` when no runtime of the model is loaded)."""
+    async def _live(
+        self, entries: list[StoredState | VolatileState], principal: str
+    ) -> dict[str, _Live]:
+        """Per model of ``entries``: the live runtime's envelope and whether it proved
+        cross-restart restore (``None`` when no runtime of the model is loaded). The backend's
+        rows are asked only for a model with a disk state of an earlier generation that the
+        proof would decide; the common listing asks nothing."""
         live = self.s.runtimes.live()
-        out: dict[str, _Live] = {}
-        for model in models:
-            runtime = live.get(model)
-            if runtime is None:
-                out[model] = None
-                continue
-            row = status_of(
-                await self.s.rows_for(runtime.model, runtime),
-                CapabilityId.STATE_RESTORE_CROSS_RESTART,
-            )
-            proven = row is not None and row.status in _PROVEN
-            why = (row.reason if row is not None else None) or "not reported by the backend"
-            out[model] = (self.s.envelope_for(runtime, principal), proven, why)
+        envelopes = {
+            model: (self.s.envelope_for(runtime, principal), runtime)
+            for model in {e.model for e in entries}
+            if (runtime := live.get(model)) is not None
+        }
+        undecided = {
+            e.model
+            for e in entries
+            if isinstance(e, StoredState)
+            and e.model in envelopes
+            and not e.envelope.compatible_with(envelopes[e.model][0])
+            and e.envelope.compatible_with(envelopes[e.model][0], across_generations=True)
+        }
+        out: dict[str, _Live] = dict.fromkeys({e.model for e in entries})
+        for model, (envelope, runtime) in envelopes.items():
+            proven, why = False, "not needed"
+            if model in undecided:
+                row = status_of(
+                    await self.s.rows_for(runtime.model, runtime),
+                    CapabilityId.STATE_RESTORE_CROSS_RESTART,
+                )
+                proven = row is not None and row.status in _PROVEN
+                why = (row.reason if row is not None else None) or "not reported by the backend"
+            out[model] = (envelope, proven, why)
         return out
 
     async def _summaries(
         self, entries: list[StoredState | VolatileState], principal: str
     ) -> list[StateSummary]:
-        live = await self._live({e.model for e in entries}, principal)
+        live = await self._live(entries, principal)
         out = []
         for entry in entries:
             reusable, reason = reusability(entry, live[entry.model])
