@@ -113,8 +113,12 @@ def kill_leftovers(text: str) -> None:
 # -- stand-in executables ---------------------------------------------------------------------
 
 
-def python_wrapper(path: Path, body: str) -> Path:
-    """An executable Python script; ``REAL`` is the real llama-server, ``ARGS`` its argv."""
+def python_wrapper(
+    path: Path, body: str, direct: tuple[str, ...] = ("--version", "--list-devices")
+) -> Path:
+    """An executable Python script; ``REAL`` is the real llama-server, ``ARGS`` its argv.
+    The ``direct`` flags (default ``--version`` and ``--list-devices``) go straight to the real
+    executable, as fast as it answers them; everything else runs ``body``."""
     assert LLAMA_SERVER is not None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -122,7 +126,7 @@ def python_wrapper(path: Path, body: str) -> Path:
         "import os, subprocess, sys, time\n"
         f"REAL = {str(LLAMA_SERVER)!r}\n"
         "ARGS = sys.argv[1:]\n"
-        "if ARGS[:1] == ['--version']:\n"
+        f"if ARGS[:1] and ARGS[0] in {list(direct)!r}:\n"
         "    os.execv(REAL, [REAL, *ARGS])\n" + body
     )
     path.chmod(0o755)

@@ -26,6 +26,7 @@ from test_llamacpp_process_support import (
     llama_children,
     needs_llama_server,
     processes_mentioning,
+    python_wrapper,
     wait_until,
     werk_serve,
 )
@@ -80,6 +81,26 @@ def test_ctrl_c_during_model_load(home: Path, tmp_path: Path, load_seconds: floa
         assert not thread.is_alive() and outcome
         if load_seconds:  # the request never got an answer from a model
             assert not isinstance(outcome[0], httpx.Response) or outcome[0].status_code != 200
+
+
+def test_ctrl_c_while_an_inspection_command_hangs_kills_it(home: Path, tmp_path: Path) -> None:
+    """An executable whose ``--list-devices`` never answers: Ctrl+C while Werk inspects it
+    leaves no process behind (the inspection commands are killed, not abandoned)."""
+    hanging = python_wrapper(
+        tmp_path / "bin" / "llama-server", "time.sleep(120)\n", direct=("--help", "--version")
+    )
+    with werk_serve(home, env={"WERK_LLAMA_SERVER": str(hanging)}) as served:
+        post_in_background(served.base_url)
+
+        def inspecting() -> bool:
+            return any("--list-devices" in c.cmdline() for c in llama_children(served.process.pid))
+
+        assert wait_until(inspecting, timeout=30)
+        children = [c.pid for c in llama_children(served.process.pid)]
+        served.process.send_signal(signal.SIGINT)
+        served.process.wait(timeout=60)
+        assert wait_until(lambda: all(gone(pid) for pid in children), timeout=15)
+        assert processes_mentioning(str(tmp_path / "bin")) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])

@@ -33,6 +33,7 @@ import os
 import re
 import subprocess
 import threading
+from collections.abc import AsyncIterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,17 +265,40 @@ def _decode(rc: int, stdout: bytes, stderr: bytes) -> tuple[int, str]:
 
 
 async def _run(path: Path, flag: str, out: dict[str, tuple[int, str]]) -> None:
+    """Run ``path flag`` and record its status and output. The process never outlives this
+    call: a timeout, a cancellation (Ctrl+C while the server starts a model) or any error kills
+    it (SIGKILL, synchronously) before the exception goes on."""
     try:
-        with anyio.fail_after(INSPECT_TIMEOUT_SECONDS):
-            done = await anyio.run_process(
-                [str(path), flag], check=False, stdin=subprocess.DEVNULL, env=child_environment()
-            )
-    except TimeoutError:
-        out[flag] = (-1, f"{flag} timed out after {INSPECT_TIMEOUT_SECONDS:.0f}s")
+        process = await anyio.open_process(
+            [str(path), flag], stdin=subprocess.DEVNULL, env=child_environment()
+        )
     except OSError as exc:
         out[flag] = (-1, f"{flag} could not run ({exc.strerror})")
+        return
+    captured = {"stdout": bytearray(), "stderr": bytearray()}
+
+    async def drain(name: str, stream: AsyncIterable[bytes] | None) -> None:
+        if stream is not None:
+            async for chunk in stream:
+                if len(captured[name]) < MAX_OUTPUT_BYTES:
+                    captured[name] += chunk
+
+    try:
+        with anyio.fail_after(INSPECT_TIMEOUT_SECONDS):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain, "stdout", process.stdout)
+                tg.start_soon(drain, "stderr", process.stderr)
+                code = await process.wait()
+    except TimeoutError:
+        out[flag] = (-1, f"{flag} timed out after {INSPECT_TIMEOUT_SECONDS:.0f}s")
     else:
-        out[flag] = _decode(done.returncode, done.stdout, done.stderr)
+        out[flag] = _decode(code, bytes(captured["stdout"]), bytes(captured["stderr"]))
+    finally:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
 
 
 def _run_sync(path: Path, flag: str) -> tuple[int, str]:
