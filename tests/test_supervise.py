@@ -328,3 +328,21 @@ async def test_stop_requests_at_varied_moments_of_a_guarded_start_are_honoured(
         assert code != -signal.SIGKILL, f"attempt {attempt}: the stop request was lost"
         assert code in (128 + signal.SIGTERM, -signal.SIGTERM), (attempt, code)
         assert time.monotonic() - started < 5
+
+
+def test_a_child_api_key_is_an_argparse_value_even_when_its_random_part_starts_with_a_dash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's argparse once read ``--api-key -Xyz…`` as a missing value (1 start in 64)."""
+    import argparse
+    import secrets
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--api-key")
+    keys = {werk.child_api_key() for _ in range(200)}
+    assert len(keys) == 200
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n=None: "-" + "A" * 42)
+    keys.add(werk.child_api_key())
+    for key in keys:
+        assert parser.parse_args(["--api-key", key]).api_key == key
+        assert len(key) >= 40

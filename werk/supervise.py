@@ -17,7 +17,8 @@ processes"):
   ``guard_group=True`` and the shim stays as the group's guardian, SIGKILLing the whole group
   when Werk dies.
 * :func:`wait_until_ready` — readiness polling with a deadline that notices an early exit;
-  :func:`free_port` and :func:`listens_on` for loopback ports.
+  :func:`free_port` and :func:`listens_on` for loopback ports, :func:`child_api_key` for the
+  child's private key.
 
 Restarting is the host's job: the runtime manager starts a new runtime (with backoff) when a
 plugin marks the old one dead, e.g. from an :meth:`~SupervisedProcess.on_exit` callback.
@@ -39,6 +40,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -58,6 +60,7 @@ __all__ = [
     "ProcessExited",
     "SupervisedProcess",
     "WorkDir",
+    "child_api_key",
     "free_port",
     "listens_on",
     "stop_group",
@@ -120,6 +123,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def child_api_key() -> str:
+    """A fresh random API key for one child process, safe to pass as a command-line value.
+
+    ``secrets.token_urlsafe`` alone may begin with ``-``, and an ``argparse`` child (vLLM, a
+    media or oMLX worker) then reads ``--api-key -Xyz…`` as a missing value followed by an
+    unknown flag and exits (one start in 64 failed that way). The key here always starts with
+    ``wk_`` and carries 256 random bits."""
+    return "wk_" + secrets.token_urlsafe(32)
 
 
 def listens_on(pid: int, port: int) -> bool | None:

@@ -44,6 +44,7 @@ from werk import (
     SupervisedProcess,
     Unavailable,
     WorkDir,
+    child_api_key,
     free_port,
     listens_on,
     wait_until_ready,
@@ -359,7 +360,7 @@ async def _spawn_ready(
 ) -> tuple[Child, BuiltArgs, str, httpx.AsyncClient, LoopbackClient]:
     """Spawn and wait for readiness, retrying a lost port race; the child is killed on failure."""
     for attempt in range(1, BIND_ATTEMPTS + 1):
-        port, api_key = free_port(), secrets.token_urlsafe(32)
+        port, api_key = free_port(), child_api_key()
         built = build_args(
             inspection,
             model=model_file(spec),

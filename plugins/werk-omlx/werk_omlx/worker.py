@@ -55,6 +55,7 @@ from werk import (
     Runtime,
     SupervisedProcess,
     Unavailable,
+    child_api_key,
     free_port,
     replace_private_file,
     wait_until_ready,
@@ -280,7 +281,7 @@ async def _spawn(handle: OmlxHandle, partition: str) -> Worker:
     except OSError:
         os.close(lock_fd)
         raise
-    port, api_key = free_port(), secrets.token_urlsafe(32)
+    port, api_key = free_port(), child_api_key()
     flags = generated_flags(handle.cache_on, base)
     argv = [
         str(handle.installation.path), "serve", "--model-dir", str(base / "models"),

@@ -43,6 +43,7 @@ from werk import (
     Runtime,
     SupervisedProcess,
     WorkDir,
+    child_api_key,
     free_port,
     wait_until_ready,
     werk_home,
@@ -179,7 +180,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     generated = generated_flags(spec.persistence, user)
     require_flags(inspection, generated)
     generation = "g_" + secrets.token_hex(8)
-    port, api_key = free_port(), secrets.token_urlsafe(32)
+    port, api_key = free_port(), child_api_key()
     argv = launch_args(model_dir, spec.id, port, api_key, generated, user)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.setdefault(KV_SPACE_ENV, _kv_space_gib())
