@@ -291,3 +291,51 @@ async def test_a_model_that_would_start_unaccounted_makes_the_row_unavailable(
         [row] = [r for r in rows if r.id == "runtime.memory.reservations"]
         assert row.reason is not None and "a: its requirement cannot be computed" in row.reason
         assert backend.started == []  # computing the row starts nothing
+
+
+@pytest.mark.anyio
+async def test_a_preload_never_unloads_a_loaded_runtime_and_its_failure_starts_no_backoff() -> None:
+    s = setup({"a": 50 * GiB, "b": 50 * GiB, "c": 10 * GiB, "d": 10 * GiB})
+    with await s.runtimes.use(spec("a")):
+        pass
+    s.clock.now += 1
+    with pytest.raises(ResourceExhausted, match="relief not attempted"):
+        await s.runtimes.get(spec("b"), preload=True)
+    assert s.backend.stopped == [] and list(s.runtimes.live()) == ["a"]
+    assert s.memory.last_relief is None
+    assert managed(s) == (50 * GiB, 0)
+    s.backend.fail_start = True
+    with pytest.raises(Unavailable, match="could not start model 'c'"):
+        await s.runtimes.get(spec("c"), preload=True)
+    with pytest.raises(Unavailable, match="could not start model 'd'"):
+        await s.runtimes.get(spec("d"))
+    s.backend.fail_start = False
+    with await s.runtimes.use(spec("c")):  # at once: the failed preload left no backoff
+        pass
+    with pytest.raises(Unavailable, match="failed to start recently"):  # a request's did
+        await s.runtimes.use(spec("d"))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("preload", "keep_alive", "loaded"),
+    [(True, 300.0, ["a", "b"]), (False, 300.0, []), (True, 0.0, [])],
+)
+async def test_the_service_preloads_its_models_in_order_while_they_fit(
+    tmp_path: Path, preload: bool, keep_alive: float, loaded: list[str]
+) -> None:
+    backend = Backend({"a": 30 * GiB, "b": 30 * GiB, "c": 30 * GiB})
+    pm = werk.get_plugin_manager(load_entrypoints=False, plugins=[("sized", backend)])
+    models = [spec("a"), spec("b"), spec("c")]
+    memory = MemoryManager(
+        host_sampler=Host(),
+        accelerator_sampler=lambda: AcceleratorSample(None, "not sampled"),
+        unified_host=False,
+    )
+    async with local_service(
+        models, home=tmp_path, pm=pm, preload=preload, keep_alive_seconds=keep_alive, memory=memory
+    ) as service:
+        await service.preload()
+        # a and b fit (60 of 100 GiB); c would reach 90 % and is left for its first request
+        assert sorted(service.runtimes.live()) == loaded
+        assert backend.stopped == []

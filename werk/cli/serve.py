@@ -133,6 +133,13 @@ def serve(
         "5m, 1h30m; 0 = right after each request; -1 = never. A /v1 request's own "
         '"keep_alive" (the same forms) replaces it for that model, as in Ollama. See `werk ps`.',
     ),
+    preload: bool = typer.Option(
+        True,
+        "--preload/--no-preload",
+        help="Start each --model's runtime as the server starts, so the first request does "
+        "not wait for the load (a model that fails or does not fit is logged and starts on its "
+        "first request; nothing loaded is unloaded for it). --no-preload: load on first use.",
+    ),
     log_level: str = typer.Option(
         "warning",
         metavar="LEVEL",
@@ -210,6 +217,7 @@ def serve(
                 persistence_defaults=defaults,
                 keep_alive_seconds=keep_alive_seconds,
                 model_cache_release=cache_release_enabled(),
+                preload=preload,
             ),
         )
     except WerkError as exc:
@@ -227,7 +235,8 @@ def serve(
     shown = ", ".join(f"{m.id} ({m.backend})" for m in manifests) or "none"
     mode = "API keys" if auth.mode is AuthMode.API_KEY else "unauthenticated local mode"
     typer.echo(f"werk: serving on http://{host}:{port} ({mode}); WERK_HOME={home}", err=True)
-    typer.echo(f"werk: models: {shown}", err=True)
+    loading = " (loading now; --no-preload: on first use)" if preload and manifests else ""
+    typer.echo(f"werk: models: {shown}{loading}", err=True)
     if service.config.model_cache_release:
         typer.echo(
             "werk: model file caches are released after unload (WERK_MODEL_CACHE_RELEASE)",

@@ -41,6 +41,9 @@ class ServiceConfig:
     """How long a runtime stays loaded when idle (``werk serve --keep-alive``; None: forever)."""
     model_cache_release: bool = False
     """Release model files' page cache after unload (``WERK_MODEL_CACHE_RELEASE``)."""
+    preload: bool = False
+    """Start every configured model's runtime when the server starts (``werk serve``'s
+    default; ``--no-preload`` turns it off) instead of on its first request."""
 
 
 class ServiceContext(Protocol):

@@ -210,12 +210,17 @@ class RuntimeManager:
         descriptor = self._pm.backends.get(backend)
         return descriptor is not None and descriptor.start is not None
 
-    async def get(self, spec: ModelSpec) -> Runtime:
+    async def get(self, spec: ModelSpec, *, preload: bool = False) -> Runtime:
         """The live runtime for ``spec``, starting (or restarting) it when needed. It starts
-        idle (its keep-alive runs); work on it should hold a :meth:`use`."""
+        idle (its keep-alive runs); work on it should hold a :meth:`use`.
+
+        ``preload``: a start nobody asked for yet (``werk serve`` at startup). Its reservation
+        runs no relief pass (it never unloads another runtime to make room), and its failure
+        starts no backoff: the first request starts the model again and answers with the
+        reason."""
         lock = self._locks.setdefault(spec.id, anyio.Lock())
         async with lock:
-            return await self._get_locked(spec)
+            return await self._get_locked(spec, preload=preload)
 
     async def use(self, spec: ModelSpec) -> Use:
         """The live runtime for ``spec`` (started when needed), held busy until the returned
@@ -260,14 +265,14 @@ class RuntimeManager:
         keep = self._keep.get(model, self.keep_alive)
         return None if keep is None else self._clock() + keep
 
-    async def _get_locked(self, spec: ModelSpec) -> Runtime:
+    async def _get_locked(self, spec: ModelSpec, *, preload: bool = False) -> Runtime:
         current = self._runtimes.get(spec.id)
         if current is not None and current.alive and current.model == spec:
             return current
         if current is not None:
             self._note_if_dead(current)
             await self._stop(spec.id, current)
-        runtime = await self._start(spec)
+        runtime = await self._start(spec, preload=preload)
         self._count(spec.backend, "starts")
         if current is not None:
             self._count(spec.backend, "restarts")
@@ -341,7 +346,7 @@ class RuntimeManager:
                 stopped.append(model)
         return stopped
 
-    async def _start(self, spec: ModelSpec) -> Runtime:
+    async def _start(self, spec: ModelSpec, *, preload: bool = False) -> Runtime:
         descriptor = self._pm.backends.get(spec.backend)
         if descriptor is None or descriptor.start is None:
             raise Unavailable(
@@ -361,7 +366,9 @@ class RuntimeManager:
         starting = False
         try:
             if requirement is not None and self._memory is not None:
-                reservation = await anyio.to_thread.run_sync(self._reserve, spec, requirement)
+                reservation = await anyio.to_thread.run_sync(
+                    self._reserve, spec, requirement, not preload
+                )
             lease = await anyio.to_thread.run_sync(ModelFileLease.acquire, spec.files)
             starting = True
             runtime = await descriptor.start(spec)
@@ -373,7 +380,8 @@ class RuntimeManager:
                     await self._end_lease(spec.id, lease, stopped=True)
             if not starting or not isinstance(exc, Exception):
                 raise  # no room (resource_exhausted) is not a failed start: no backoff
-            self._failures[spec.id] = (failures + 1, self._clock())
+            if not preload:
+                self._failures[spec.id] = (failures + 1, self._clock())
             if isinstance(exc, WerkError):
                 raise
             log.exception("starting %s for model %s failed", spec.backend, spec.id)
@@ -455,7 +463,9 @@ class RuntimeManager:
             log.info("model %s starts without a memory reservation (no bound given)", spec.id)
         return requirement
 
-    def _reserve(self, spec: ModelSpec, requirement: RuntimeRequirement) -> Reservation:
+    def _reserve(
+        self, spec: ModelSpec, requirement: RuntimeRequirement, relieve: bool = True
+    ) -> Reservation:
         """Reserve (worker thread; relief callbacks come back to the event loop)."""
         assert self._memory is not None
         parts = " + ".join(f"{name} {format_bytes(n)}" for name, n in requirement.parts)
@@ -463,7 +473,9 @@ class RuntimeManager:
             f" ({parts})" if parts else ""
         )
         try:
-            return self._memory.reserve(_owner(spec.id), requirement.nbytes, tier=requirement.tier)
+            return self._memory.reserve(
+                _owner(spec.id), requirement.nbytes, tier=requirement.tier, relieve=relieve
+            )
         except ResourceExhausted as exc:
             raise ResourceExhausted(
                 f"cannot load: {needs}; {exc.message}", capability=exc.capability

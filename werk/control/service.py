@@ -312,6 +312,28 @@ class LocalControlService(WerkControl):
             ]
         )
 
+    async def preload(self) -> None:
+        if not self.config.preload:
+            return
+        if self.runtimes.keep_alive == 0:
+            log.info("no model preloaded: --keep-alive 0 would unload it at once")
+            return
+        for spec in self._specs.values():
+            if not self.runtimes.can_start(spec.backend):
+                continue
+            try:
+                await self.runtimes.get(spec, preload=True)
+            except WerkError as exc:
+                log.warning(
+                    "model %s was not preloaded (it starts on its first request): %s",
+                    spec.id,
+                    exc.message,
+                )
+            except Exception:
+                log.exception("preloading model %s failed; it starts on its first request", spec.id)
+            else:
+                log.info("model %s preloaded", spec.id)
+
     async def run_idle_unloads(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:

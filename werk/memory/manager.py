@@ -352,8 +352,13 @@ class MemoryManager:
 
     # -- reservations --------------------------------------------------------------------------
 
-    def reserve(self, owner: str, nbytes: int, *, tier: MemoryTier) -> Reservation:
+    def reserve(
+        self, owner: str, nbytes: int, *, tier: MemoryTier, relieve: bool = True
+    ) -> Reservation:
         """Reserve ``nbytes`` on ``tier`` for ``owner`` before invoking the backend.
+
+        ``relieve=False`` skips the relief pass: a reservation that does not fit as things are
+        fails at once (a preload must never unload what is already loaded).
 
         :raises werk.InvalidRequest: ``nbytes`` is not a positive integer, the owner is empty or
             too long, or the tier is not ``ram``/``vram``.
@@ -366,6 +371,12 @@ class MemoryManager:
         first = self._try_reserve(owner, nbytes, tier)
         if isinstance(first, Reservation):
             return first
+        if not relieve:
+            raise ResourceExhausted(
+                f"reserving {format_bytes(nbytes)} on {tier} would reach the hard pressure"
+                f" threshold: {first}; relief not attempted",
+                capability=_CAPABILITY,
+            )
         plan = self._relieve(tier, nbytes)
         second = self._try_reserve(owner, nbytes, tier)
         if isinstance(second, Reservation):

@@ -12,6 +12,7 @@ import anyio
 from ..backends import ModelSpec
 from ..control.runtimes import DEFAULT_KEEP_ALIVE_SECONDS
 from ..control.service import LocalControlService, ServiceConfig
+from ..memory import MemoryManager
 from ..plugins import WerkPluginManager, get_plugin_manager
 from ..protocol import AuthMode
 from ..state.principals import NamespaceKey
@@ -26,6 +27,8 @@ async def local_service(
     home: Path,
     pm: WerkPluginManager | None = None,
     keep_alive_seconds: float | None = DEFAULT_KEEP_ALIVE_SECONDS,
+    preload: bool = False,
+    memory: MemoryManager | None = None,
 ) -> AsyncIterator[LocalControlService]:
     """A control service serving ``models`` from ``home`` (unauthenticated local mode, a
     throw-away namespace key), closed afterwards: every runtime it started is stopped.
@@ -33,6 +36,9 @@ async def local_service(
     :param pm: the plugin manager (default: a new one loading the ``werk`` entry points).
     :param keep_alive_seconds: how long an idle runtime stays loaded (``None``: forever); the
         idle unloader runs only where the caller starts ``service.run_idle_unloads``.
+    :param preload: what ``werk serve --preload`` sets; the models start only where the
+        caller awaits ``service.preload()``.
+    :param memory: the memory manager (default: one that samples this machine).
     """
     service = LocalControlService(
         pm if pm is not None else get_plugin_manager(),
@@ -42,7 +48,9 @@ async def local_service(
             auth_mode=AuthMode.UNAUTHENTICATED_LOCAL,
             namespace_key=NamespaceKey.ephemeral(),
             keep_alive_seconds=keep_alive_seconds,
+            preload=preload,
         ),
+        memory=memory,
     )
     try:
         yield service

@@ -112,7 +112,7 @@ def test_werk_ps_shows_the_runtime_until_its_keep_alive_expires(tmp_path: Path) 
         return list(json.loads(done.stdout)["runtimes"])
 
     with (
-        werk_serve(home, ("--model", "demo", "--keep-alive", "2s")) as served,
+        werk_serve(home, ("--model", "demo", "--keep-alive", "2s", "--no-preload")) as served,
         served.client() as client,
     ):
         assert ps(served.base_url) == []
@@ -132,6 +132,25 @@ def test_werk_ps_shows_the_runtime_until_its_keep_alive_expires(tmp_path: Path) 
         assert client.post("/v1/chat/completions", json=body).status_code == 200
         assert wait_until(lambda: llama_children(served.process.pid) == [], timeout=15)
         assert ps(served.base_url) == []
+
+
+def test_werk_serve_preloads_its_model_before_the_first_request(tmp_path: Path) -> None:
+    """By default ``werk serve --model demo`` starts the llama-server as it starts (as
+    ``llama-server -m`` and ``vllm serve`` load at start); the first request uses that child."""
+    home = tmp_path / "werk-home"
+    create_demo(home)
+    with werk_serve(home, ("--model", "demo")) as served, served.client() as client:
+
+        def listed() -> list[dict[str, object]]:
+            return list(client.get("/werk/v1/runtimes").json()["runtimes"])
+
+        assert wait_until(lambda: len(listed()) == 1, timeout=30)
+        [runtime] = listed()
+        (child,) = llama_children(served.process.pid)
+        assert runtime["model"] == "demo" and runtime["pid"] == child.pid
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        assert [p.pid for p in llama_children(served.process.pid)] == [child.pid]
+        assert [r["generation"] for r in listed()] == [runtime["generation"]]
 
 
 def test_run_server_reuses_the_live_llama_server(tmp_path: Path) -> None:
