@@ -21,7 +21,9 @@ $(STAMP): $(PYPROJECTS)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]' \
 		$(addprefix -e ,$(filter-out plugins/werk-omlx,$(PLUGINS))) -e 'plugins/werk-omlx[test]'
-
+	# Bytecode for the editable sources, as a wheel install has (PYTHONDONTWRITEBYTECODE=1
+	# would otherwise make every `werk` command compile its modules again: about 50 ms).
+	$(BIN)/python -m compileall -q werk $(PLUGINS) > /dev/null
 	@touch $(STAMP)
 
 setup: $(STAMP)
