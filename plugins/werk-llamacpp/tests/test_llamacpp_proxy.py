@@ -39,7 +39,8 @@ from werk_llamacpp.process import (
     Child,
     ManagedHandle,
     SlotPicker,
-    _clients,
+    _control_client,
+    _relay_client,
     start_runtime,
     stop_runtime,
 )
@@ -175,7 +176,7 @@ async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, Runtime]]:
         log_path=tmp_path / "log",
         port=server.port,
     )
-    http, relay = _clients(server.port, "key")
+    http, relay = _control_client(server.port, "key"), _relay_client(server.port, "key")
     handle = ManagedHandle(
         base_url=f"http://127.0.0.1:{server.port}",
         api_key="key",

@@ -126,3 +126,40 @@ async def test_the_plugin_requirement_is_the_formula_for_the_arguments_it_starts
     }
     missing = spec_for(model, {"llama_server": str(tmp_path / "no-such-llama-server")})
     assert await runtime_requirement(missing) is None  # the start reports the real reason
+
+
+def test_header_facts_are_read_once_per_file_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start of an unchanged model reads no GGUF header (no gguf/numpy import); a change of
+    the file's identity, or a corrupt cache record, reads it again."""
+    import json
+    import os
+
+    from werk_llamacpp import requirement as module
+
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
+    model = demo_model(tmp_path)
+    reads: list[Path] = []
+    real = module.read_header_facts
+
+    def counted(path: Path) -> module.HeaderFacts:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(module, "read_header_facts", counted)
+    argv = ["-c", "4096"]
+    first = requirement_for(model, argv)
+    assert requirement_for(model, argv) == first and len(reads) == 1
+    [record] = (tmp_path / "home" / "inspections" / "llamacpp").glob("gguf-*.json")
+    assert record.stat().st_mode & 0o777 == 0o600
+    # The same bytes under a new mtime are another identity: read again (and still equal).
+    stat = model.stat()
+    os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert requirement_for(model, argv) == first and len(reads) == 2
+    # A corrupt record for this very identity is ignored, never trusted.
+    [cached] = (p for p in record.parent.glob("gguf-*.json") if p != record)
+    data = json.loads(cached.read_text())
+    data["facts"]["n_layer"] = "many"
+    cached.write_text(json.dumps(data))
+    assert requirement_for(model, argv) == first and len(reads) == 3

@@ -33,7 +33,7 @@ from werk import (
 )
 
 from .inspect import Inspection
-from .requirement import offload_reason
+from .requirement import header_facts, offload_reason
 
 __all__ = ["DEADLINE_SECONDS", "PREPARATION_ENV", "expert_ranges", "prepare_expert_pages"]
 
@@ -42,20 +42,9 @@ DEADLINE_SECONDS = 60.0
 
 
 def expert_ranges(model: Path) -> list[PageRange]:
-    """The byte ranges of the GGUF file's expert tensors (names containing ``_exps.``)."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(model))
-    except Exception as exc:
-        raise InvalidRequest(
-            f"{model.name} is not a readable GGUF file ({type(exc).__name__})"
-        ) from None
-    return [
-        PageRange(int(t.data_offset), int(t.n_bytes))
-        for t in reader.tensors
-        if "_exps." in t.name and int(t.n_bytes) > 0
-    ]
+    """The byte ranges of the GGUF file's expert tensors (names containing ``_exps.``), from
+    the header facts cached per file identity (:func:`.requirement.header_facts`)."""
+    return [PageRange(offset, length) for offset, length in header_facts(model).expert_ranges]
 
 
 def _enabled(environ: Mapping[str, str] | None) -> bool:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
-import httpx
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["LlamaHandle", "ProbeResult", "ProbeStatus"]
 

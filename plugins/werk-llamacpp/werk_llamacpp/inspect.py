@@ -37,6 +37,7 @@ from collections.abc import AsyncIterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -56,8 +57,10 @@ __all__ = [
     "inspect_executable_sync",
     "inspection_dir",
     "listed_devices",
+    "load_record",
     "sha256_file",
     "start_rehash",
+    "store_record",
     "verify_unchanged",
 ]
 
@@ -208,26 +211,54 @@ def inspection_dir() -> Path:
     return werk_home() / "inspections" / "llamacpp"
 
 
-def _cache_file(identity: FileIdentity) -> Path:
+def _cache_file(identity: FileIdentity, prefix: str = "") -> Path:
     key = hashlib.sha256(repr(dataclasses.astuple(identity)).encode()).hexdigest()[:32]
-    return inspection_dir() / f"{key}.json"
+    return inspection_dir() / f"{prefix}{key}.json"
 
 
-def _load_cached(path: Path, identity: FileIdentity) -> Inspection | None:
-    """The inspection recorded on disk for exactly ``identity``, or ``None``."""
+def load_record(
+    identity: FileIdentity, *, prefix: str = "", version: int, limit: int = MAX_CACHE_FILE_BYTES
+) -> dict[str, Any] | None:
+    """The JSON record cached on disk for exactly this file ``identity`` (path, device, inode,
+    size, mtime, ctime) in this ``version``, or ``None`` (absent, foreign, corrupt or stale).
+    The executable inspections and the GGUF header facts of :mod:`.requirement` use it."""
     try:
-        fd = os.open(_cache_file(identity), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(_cache_file(identity, prefix), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
         with os.fdopen(fd, "rb") as handle:
-            raw = handle.read(MAX_CACHE_FILE_BYTES + 1)
-        record = json.loads(raw) if len(raw) <= MAX_CACHE_FILE_BYTES else None
+            raw = handle.read(limit + 1)
+        record = json.loads(raw) if len(raw) <= limit else None
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("version") != DISK_CACHE_VERSION:
+    if not isinstance(record, dict) or record.get("version") != version:
         return None
     if record.get("identity") != list(dataclasses.astuple(identity)):
+        return None
+    return record
+
+
+def store_record(
+    identity: FileIdentity, record: dict[str, Any], *, prefix: str = "", version: int
+) -> None:
+    """Record ``record`` for exactly ``identity`` (best effort, atomic and private: a failure
+    only costs time on the next start)."""
+    record = {"version": version, "identity": list(dataclasses.astuple(identity)), **record}
+    target = _cache_file(identity, prefix)
+    with contextlib.suppress(OSError):
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            replace_private_file(dir_fd, target.name, json.dumps(record).encode())
+        finally:
+            os.close(dir_fd)
+
+
+def _load_cached(path: Path, identity: FileIdentity) -> Inspection | None:
+    """The inspection recorded on disk for exactly ``identity``, or ``None``."""
+    record = load_record(identity, version=DISK_CACHE_VERSION)
+    if record is None:
         return None
     outputs = record.get("outputs")
     digest = record.get("sha256")
@@ -243,20 +274,8 @@ def _load_cached(path: Path, identity: FileIdentity) -> Inspection | None:
 
 def _store_cached(identity: FileIdentity, outputs: dict[str, tuple[int, str]], digest: str) -> None:
     """Record a valid inspection for the next process (best effort: a failure only costs time)."""
-    record = {
-        "version": DISK_CACHE_VERSION,
-        "identity": list(dataclasses.astuple(identity)),
-        "sha256": digest,
-        "outputs": {flag: list(outputs[flag]) for flag in _FLAGS},
-    }
-    target = _cache_file(identity)
-    with contextlib.suppress(OSError):
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            replace_private_file(dir_fd, target.name, json.dumps(record).encode())
-        finally:
-            os.close(dir_fd)
+    record = {"sha256": digest, "outputs": {flag: list(outputs[flag]) for flag in _FLAGS}}
+    store_record(identity, record, version=DISK_CACHE_VERSION)
 
 
 def _decode(rc: int, stdout: bytes, stderr: bytes) -> tuple[int, str]:

@@ -20,7 +20,9 @@ when the spawning *thread* exits.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
 import re
 import secrets
@@ -29,14 +31,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 
 from werk import (
     BackendError,
     CapabilityId,
     LoopbackClient,
+    LoopbackError,
     ModelSpec,
     PreparedPages,
     ProcessExited,
@@ -86,6 +89,9 @@ __all__ = [
     "startup_failure",
     "stop_runtime",
 ]
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("werk.llamacpp")
 
@@ -285,19 +291,9 @@ class ManagedHandle(LlamaHandle):
     prepared: PreparedPages | None = field(default=None, kw_only=True)
 
 
-def _clients(port: int, api_key: str) -> tuple[httpx.AsyncClient, LoopbackClient]:
-    """The control client (``/health``, ``/props``, ``/slots``) and the ``/v1`` relay client."""
-    # identity: the relay passes bytes through; it never has to undo a compression.
-    headers = {"Authorization": f"Bearer {api_key}", "Accept-Encoding": "identity"}
-    timeout = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
-    control = httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}",
-        headers=headers,
-        timeout=timeout,
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-        trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY
-    )
-    relay = LoopbackClient(
+def _relay_client(port: int, api_key: str) -> LoopbackClient:
+    """The ``/v1`` relay client (also used for readiness: ``/health``, ``/props``)."""
+    return LoopbackClient(
         "127.0.0.1",
         port,
         headers={"Authorization": f"Bearer {api_key}"},
@@ -306,28 +302,61 @@ def _clients(port: int, api_key: str) -> tuple[httpx.AsyncClient, LoopbackClient
         read_timeout=600.0,
         max_idle=16,
     )
-    return control, relay
 
 
-async def _wait_ready(child: Child, http: httpx.AsyncClient, timeout: float) -> None:
+def _control_client(port: int, api_key: str) -> httpx.AsyncClient:
+    """The control client (``/slots``, ``/completion`` in a state slot, ``/props``).
+
+    Made in a worker thread while the child loads: importing httpx and building its client
+    takes ~0.1 s of CPU that would otherwise come before the spawn."""
+    import httpx
+
+    # identity: the relay passes bytes through; it never has to undo a compression.
+    headers = {"Authorization": f"Bearer {api_key}", "Accept-Encoding": "identity"}
+    return httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}",
+        headers=headers,
+        timeout=httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0),
+        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY
+    )
+
+
+PROPS_LIMIT_BYTES = 16 << 20
+
+
+async def _get_json(relay: LoopbackClient, path: str, timeout: float) -> tuple[int, object]:
+    """``(status, decoded body or None)`` of one GET; raises LoopbackError or TimeoutError."""
+    with anyio.fail_after(timeout):
+        async with await relay.request("GET", path) as response:
+            raw = await response.read(PROPS_LIMIT_BYTES)
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, None
+
+
+async def _wait_ready(child: Child, relay: LoopbackClient, timeout: float) -> None:
     """Poll ``/health`` until it answers 200, the child exits, or ``timeout`` passes."""
 
     async def healthy() -> bool:
         try:
-            return (await http.get("/health", timeout=2.0)).status_code == 200
-        except httpx.TransportError:
+            status, _ = await _get_json(relay, "/health", 2.0)
+        except (LoopbackError, TimeoutError):
             return False
+        return status == 200
 
     await wait_until_ready(child, healthy, timeout=timeout, what="llama-server")
 
 
-async def _props(http: httpx.AsyncClient) -> tuple[int, int, str]:
+async def _props(relay: LoopbackClient) -> tuple[int, int, str]:
     """``(total_slots, n_ctx per slot, model_alias)`` from the child's ``/props``."""
     try:
-        response = await http.get("/props", timeout=10.0)
-        body = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+        status, body = await _get_json(relay, "/props", 10.0)
+    except (LoopbackError, TimeoutError):
         body = None
+    else:
+        body = body if status == 200 else None
     if not isinstance(body, dict):
         raise BackendError("llama-server did not answer /props after it became ready")
     total = body.get("total_slots")
@@ -373,17 +402,19 @@ async def _spawn_ready(
         child = spawn_child(
             inspection.path, built.argv, generation=generation, workdir=workdir, port=port
         )
-        http, relay = _clients(port, api_key)
+        relay = _relay_client(port, api_key)
+        # The control client is made in a worker thread while the child loads.
+        control = asyncio.get_running_loop().run_in_executor(None, _control_client, port, api_key)
         try:
-            await _wait_ready(child, http, options.startup_timeout)
+            await _wait_ready(child, relay, options.startup_timeout)
             code = child.poll()
             if code is not None or listens_on(child.pid, port) is False:
                 # It exited, or something else answered on its port.
                 raise ProcessExited(code if code is not None else -1)
-            return child, built, api_key, http, relay
+            return child, built, api_key, await control, relay
         except ProcessExited as exc:
             child.kill_now()
-            await _close(http, relay)
+            await _close(*_made(control), relay)
             if attempt < BIND_ATTEMPTS and is_bind_failure(child.log_tail()):
                 log.warning("llama-server lost the race for port %s; retrying", port)
                 continue
@@ -391,9 +422,16 @@ async def _spawn_ready(
         except BaseException:
             child.kill_now()
             with anyio.CancelScope(shield=True):
-                await _close(http, relay)
+                await _close(*_made(control), relay)
             raise
     raise AssertionError("unreachable")
+
+
+def _made(control: asyncio.Future[httpx.AsyncClient]) -> list[httpx.AsyncClient]:
+    """The control client if it was made already (one still being made holds no socket)."""
+    if control.done() and not control.cancelled() and control.exception() is None:
+        return [control.result()]
+    return []
 
 
 async def _close(*clients: httpx.AsyncClient | LoopbackClient) -> None:
@@ -443,7 +481,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             prepared.close()
         raise
     try:
-        total_slots, n_ctx, alias = await _props(http)
+        total_slots, n_ctx, alias = await _props(relay)
         await verify_unchanged(inspection, digest)
         blockers = state_blockers(built, inspection)
         if total_slots < 1 + STATE_SLOT_COUNT:

@@ -2,7 +2,9 @@
 
 Issue 16's first piece: the requirement an admission check can reserve. It comes from the GGUF
 header (read through ``gguf.GGUFReader``, which maps the file and parses only the metadata and
-tensor directory: ~20 ms for a 707 MB model) and from the child's effective arguments:
+tensor directory; importing it and numpy is most of the ~0.1 s this takes) and from the child's
+effective arguments. The header's facts are cached on disk per file identity
+(:func:`header_facts`), so the start of an unchanged model reads no header:
 
 ``total = weights + kv_cache + compute``
 
@@ -35,6 +37,7 @@ refused (``invalid_request``) rather than guessed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,11 +48,13 @@ from werk import InvalidRequest, ModelSpec, RuntimeRequirement
 
 from .args import build_args, last_value, model_file, parse_options
 from .executable import locate_llama_server
-from .inspect import Inspection, inspect_executable
+from .inspect import FileIdentity, Inspection, inspect_executable, load_record, store_record
 
 __all__ = [
     "COMPUTE_FIXED_BYTES",
+    "HeaderFacts",
     "MemoryRequirement",
+    "header_facts",
     "offload_reason",
     "requirement_for",
     "runtime_requirement",
@@ -116,11 +121,32 @@ def _cache_type_bytes(argv: Sequence[str], *spellings: str) -> float:
     return size
 
 
-def requirement_for(model: Path, argv: Sequence[str]) -> MemoryRequirement:
-    """The requirement of a child started with ``argv`` on the GGUF file ``model``.
+@dataclass(frozen=True)
+class HeaderFacts:
+    """What the formula needs from one GGUF header (cached per file identity)."""
 
-    :raises werk.InvalidRequest: the file is not a readable GGUF with the needed metadata, or
-        the arguments name an unknown cache type or an unusable context.
+    n_layer: int
+    n_embd: int
+    n_head_kv: int
+    key_length: int
+    value_length: int
+    n_ff: int
+    n_vocab: int
+    context_length: int | None
+    weights_bytes: int
+    expert_ranges: tuple[tuple[int, int], ...] = ()
+    """``(offset, length)`` of each expert tensor (name with ``_exps.``) in the file."""
+
+
+HEADER_CACHE_VERSION = 1
+HEADER_CACHE_PREFIX = "gguf-"
+
+
+def read_header_facts(model: Path) -> HeaderFacts:
+    """Parse ``model``'s GGUF header (``gguf.GGUFReader``: numpy and the whole tensor
+    directory, ~0.1 s of CPU even for the tiny demo).
+
+    :raises werk.InvalidRequest: not a readable GGUF, or without the metadata the formula needs.
     """
     import gguf  # imported when used: a large module, only needed before a start
 
@@ -133,32 +159,100 @@ def requirement_for(model: Path, argv: Sequence[str]) -> MemoryRequirement:
     arch = _field(reader, "general.architecture")
     if not isinstance(arch, str) or not arch:
         raise InvalidRequest("the GGUF header names no architecture")
-    n_layer = _positive_int(reader, f"{arch}.block_count")
     n_embd = _positive_int(reader, f"{arch}.embedding_length")
     n_head = _positive_int(reader, f"{arch}.attention.head_count")
-    n_head_kv = _positive_int(reader, f"{arch}.attention.head_count_kv", n_head)
-    key_length = _positive_int(reader, f"{arch}.attention.key_length", n_embd // n_head)
-    value_length = _positive_int(reader, f"{arch}.attention.value_length", n_embd // n_head)
-    n_ff = _positive_int(reader, f"{arch}.feed_forward_length", 4 * n_embd)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    n_vocab = _positive_int(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else None)
-    weights = sum(int(tensor.n_bytes) for tensor in reader.tensors)
+    try:
+        context_length: int | None = _positive_int(reader, f"{arch}.context_length")
+    except InvalidRequest:
+        context_length = None  # needed only when the arguments carry no -c
+    return HeaderFacts(
+        n_layer=_positive_int(reader, f"{arch}.block_count"),
+        n_embd=n_embd,
+        n_head_kv=_positive_int(reader, f"{arch}.attention.head_count_kv", n_head),
+        key_length=_positive_int(reader, f"{arch}.attention.key_length", n_embd // n_head),
+        value_length=_positive_int(reader, f"{arch}.attention.value_length", n_embd // n_head),
+        n_ff=_positive_int(reader, f"{arch}.feed_forward_length", 4 * n_embd),
+        n_vocab=_positive_int(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else None),
+        context_length=context_length,
+        weights_bytes=sum(int(tensor.n_bytes) for tensor in reader.tensors),
+        expert_ranges=tuple(
+            (int(t.data_offset), int(t.n_bytes))
+            for t in reader.tensors
+            if "_exps." in t.name and int(t.n_bytes) > 0
+        ),
+    )
 
+
+def _facts_from_record(facts: object) -> HeaderFacts | None:
+    """A cached record's facts, or ``None`` when any of them is not what was stored."""
+    if not isinstance(facts, dict):
+        return None
+    ranges = facts.get("expert_ranges")
+    if not isinstance(ranges, list) or not all(
+        isinstance(r, list) and len(r) == 2 and all(_count(v) for v in r) for r in ranges
+    ):
+        return None
+    try:
+        cached = HeaderFacts(**{**facts, "expert_ranges": tuple(tuple(r) for r in ranges)})
+    except TypeError:
+        return None
+    for name, value in dataclasses.asdict(cached).items():
+        if name == "expert_ranges" or (name == "context_length" and value is None):
+            continue
+        if not _count(value) or value == 0:
+            return None
+    return cached
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def header_facts(model: Path) -> HeaderFacts:
+    """:func:`read_header_facts`, cached on disk per file identity (path, device, inode, size,
+    mtime, ctime; ``WERK_HOME/inspections/llamacpp/gguf-*.json``): a start of an unchanged
+    model file reads no header. Any change of the file's identity reads it again."""
+    identity = FileIdentity.of(model)
+    record = load_record(identity, prefix=HEADER_CACHE_PREFIX, version=HEADER_CACHE_VERSION)
+    cached = _facts_from_record(record.get("facts")) if record is not None else None
+    if cached is not None:
+        return cached
+    read = read_header_facts(model)
+    if FileIdentity.of(model) == identity:  # not replaced while it was read
+        store_record(
+            identity,
+            {"facts": dataclasses.asdict(read)},
+            prefix=HEADER_CACHE_PREFIX,
+            version=HEADER_CACHE_VERSION,
+        )
+    return read
+
+
+def requirement_for(model: Path, argv: Sequence[str]) -> MemoryRequirement:
+    """The requirement of a child started with ``argv`` on the GGUF file ``model``.
+
+    :raises werk.InvalidRequest: the file is not a readable GGUF with the needed metadata, or
+        the arguments name an unknown cache type or an unusable context.
+    """
+    facts = header_facts(model)
     ctx = last_value(argv, "-c", "--ctx-size")
     ubatch = last_value(argv, "-ub", "--ubatch-size")
     try:
-        n_ctx = int(ctx) if ctx is not None else _positive_int(reader, f"{arch}.context_length")
+        n_ctx = int(ctx) if ctx is not None else facts.context_length
         n_ubatch = int(ubatch) if ubatch is not None else DEFAULT_UBATCH
     except ValueError:
         raise InvalidRequest("the llama-server arguments carry a non-numeric -c or -ub") from None
+    if n_ctx is None:
+        raise InvalidRequest("the GGUF header has no usable context length and no -c is given")
     if n_ctx <= 0 or n_ubatch <= 0:
         raise InvalidRequest("the llama-server arguments carry a non-positive -c or -ub")
-    per_token_layer = n_head_kv * key_length * _cache_type_bytes(
+    per_token_layer = facts.n_head_kv * facts.key_length * _cache_type_bytes(
         argv, "-ctk", "--cache-type-k"
-    ) + n_head_kv * value_length * _cache_type_bytes(argv, "-ctv", "--cache-type-v")
-    kv = int(n_ctx * n_layer * per_token_layer)
-    compute = COMPUTE_FIXED_BYTES + n_ubatch * (n_vocab + n_ff + 4 * n_embd) * 4
-    requirement = MemoryRequirement(weights, kv, compute)
+    ) + facts.n_head_kv * facts.value_length * _cache_type_bytes(argv, "-ctv", "--cache-type-v")
+    kv = int(n_ctx * facts.n_layer * per_token_layer)
+    compute = COMPUTE_FIXED_BYTES + n_ubatch * (facts.n_vocab + facts.n_ff + 4 * facts.n_embd) * 4
+    requirement = MemoryRequirement(facts.weights_bytes, kv, compute)
     if not 0 < requirement.total_bytes <= MAX_REQUIREMENT_BYTES:
         raise InvalidRequest("the GGUF header describes an implausible model size")
     return requirement

@@ -35,14 +35,16 @@ import secrets
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
 import msgspec
 
 from werk import BackendError, ChatMessage, InvalidRequest, Unavailable
 
 from .handle import LlamaHandle
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "Completion",
@@ -68,7 +70,9 @@ __all__ = [
 
 log = logging.getLogger("werk.llamacpp")
 
-SLOT_IO_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+SLOT_IO_TIMEOUT = 300.0
+"""Seconds for a slot save, restore or erase (connecting: :data:`CONNECT_TIMEOUT`)."""
+CONNECT_TIMEOUT = 10.0
 """Saving or restoring a multi-gigabyte slot is disk-bound; the bound is generous on purpose."""
 
 _FILENAME = re.compile(r"^werk-[a-z]+-[0-9a-f]{32}\.slot$")
@@ -208,6 +212,8 @@ def _error_fields(response: httpx.Response) -> tuple[str, str]:
 
 def _never_sent(exc: httpx.TransportError) -> bool:
     """Whether ``exc`` means the request failed before any response byte arrived."""
+    import httpx
+
     if isinstance(exc, httpx.RemoteProtocolError):
         return "without sending" in str(exc)
     return isinstance(exc, httpx.WriteError | httpx.ConnectError)
@@ -218,9 +224,12 @@ async def _send(
     method: str,
     path: str,
     body: dict[str, Any] | None,
-    timeout: httpx.Timeout | float,
+    timeout: float,
 ) -> httpx.Response:
-    return await client.request(method, path, json=body, timeout=timeout)
+    import httpx
+
+    limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT))
+    return await client.request(method, path, json=body, timeout=limits)
 
 
 async def llama_json(
@@ -230,7 +239,7 @@ async def llama_json(
     what: str,
     *,
     body: dict[str, Any] | None = None,
-    timeout: httpx.Timeout | float = SLOT_IO_TIMEOUT,
+    timeout: float = SLOT_IO_TIMEOUT,
 ) -> Any:
     """Send one JSON request to the child and return the decoded JSON answer.
 
@@ -243,6 +252,8 @@ async def llama_json(
     :raises werk.Unavailable: the child does not answer (it is probably dead).
     :raises werk.BackendError: no answer in time, or the answer is not JSON.
     """
+    import httpx  # not at module level: kept off the path to the child's spawn
+
     try:
         try:
             response = await _send(handle.http, method, path, body, timeout)
@@ -407,7 +418,7 @@ def new_slot_filename_ok(filename: str) -> str:
 
 # -- slot-bound inference ----------------------------------------------------------------------
 
-INFERENCE_TIMEOUT = httpx.Timeout(3600.0, connect=10.0)
+INFERENCE_TIMEOUT = 3600.0
 """A long prompt on a large model on CPUs can take minutes to prefill."""
 
 
