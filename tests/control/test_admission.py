@@ -339,3 +339,43 @@ async def test_the_service_preloads_its_models_in_order_while_they_fit(
         # a and b fit (60 of 100 GiB); c would reach 90 % and is left for its first request
         assert sorted(service.runtimes.live()) == loaded
         assert backend.stopped == []
+
+
+@pytest.mark.anyio
+async def test_closing_the_service_cancels_a_preload_that_is_still_starting(
+    tmp_path: Path,
+) -> None:
+    """``werk serve`` closes the service twice (its lifespan, then its own exit path) and may
+    do so while a model is still loading: the start is cancelled, nothing is left loaded, and
+    neither close waits forever."""
+    import anyio
+
+    backend = Backend({"a": GiB, "b": GiB})
+    entered, cancelled = anyio.Event(), []
+    real_start = backend.start
+
+    async def slow_start(model: ModelSpec) -> Runtime:
+        if model.id == "b":
+            entered.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(model.id)
+                raise
+        return await real_start(model)
+
+    backend.start = slow_start  # type: ignore[method-assign]
+    pm = werk.get_plugin_manager(load_entrypoints=False, plugins=[("sized", backend)])
+    async with (
+        local_service([spec("a"), spec("b")], home=tmp_path, pm=pm, preload=True) as service,
+        anyio.create_task_group() as group,
+    ):
+        group.start_soon(service.preload)
+        with anyio.fail_after(10):
+            await entered.wait()
+            await service.aclose()
+            await service.aclose()
+        assert cancelled == ["b"]
+        assert backend.stopped == ["a_0"] and service.runtimes.live() == {}
+        await service.preload()  # after a close nothing starts any more
+        assert backend.started == ["a_0"]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import anyio
 import typer
 
 from ..protocol import (
@@ -19,6 +23,11 @@ from ..protocol import (
 )
 from ..protocol.residency import parse_keep_alive
 from ._app import app
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from ..control.service import LocalControlService
 
 API_KEYS_ENV = "WERK_API_KEYS"
 HEADER_TIMEOUT_DEFAULT = 10.0  # werk.http.server.HEADER_TIMEOUT_SECONDS (not imported: lazy)
@@ -160,15 +169,18 @@ def serve(
     """
     from ..config import werk_home
     from ..control.service import LocalControlService, ServiceConfig
-    from ..http.app import build_app
     from ..http.auth import Authenticator
     from ..http.guard import is_loopback_host
-    from ..http.server import configure_logging, make_server
     from ..memory.filecache import cache_release_enabled
     from ..models import ModelRegistry
     from ..plugins import get_plugin_manager
     from ..state.principals import NamespaceKey, principal_for_api_key
 
+    if not math.isfinite(header_timeout):  # click's FloatRange lets "nan" through
+        raise typer.BadParameter(
+            f"must be a number of seconds in {HEADER_TIMEOUT_MIN:g}..{HEADER_TIMEOUT_MAX:g}",
+            param_hint="--header-timeout",
+        )
     defaults = persistence_defaults(
         persistence=persistence,
         mode=persistence_mode,
@@ -223,15 +235,6 @@ def serve(
     except WerkError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from None
-    configure_logging(log_level)
-    server = make_server(
-        build_app(service, auth, metrics_public=metrics_public),
-        host=host,
-        port=port,
-        header_timeout=header_timeout,
-        log_level=log_level,
-    )
-    signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
     shown = ", ".join(f"{m.id} ({m.backend})" for m in manifests) or "none"
     mode = "API keys" if auth.mode is AuthMode.API_KEY else "unauthenticated local mode"
     typer.echo(f"werk: serving on http://{host}:{port} ({mode}); WERK_HOME={home}", err=True)
@@ -248,4 +251,34 @@ def serve(
             "and pass --model ID",
             err=True,
         )
-    server.run()
+
+    def http_server() -> uvicorn.Server:
+        from ..http.app import build_app
+        from ..http.server import configure_logging, make_server
+
+        configure_logging(log_level)
+        return make_server(
+            build_app(service, auth, metrics_public=metrics_public),
+            host=host,
+            port=port,
+            header_timeout=header_timeout,
+            log_level=log_level,
+        )
+
+    anyio.run(_serve, service, http_server)
+
+
+async def _serve(service: LocalControlService, http_server: Callable[[], uvicorn.Server]) -> None:
+    """Preload the models while the HTTP stack is imported (in a worker thread: the children
+    load on the other cores meanwhile), then serve until SIGINT/SIGTERM/SIGHUP. The server's
+    lifespan closes ``service``, which cancels a preload still running first."""
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(service.preload)
+            server = await anyio.to_thread.run_sync(http_server)
+            signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
+            await server.serve()
+            group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await service.aclose()  # a no-op after the lifespan's (e.g. Ctrl+C while importing)

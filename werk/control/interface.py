@@ -152,12 +152,6 @@ class WerkControl(abc.ABC):
         starts it next to :meth:`run_jobs`); never one that is busy, holds a live handoff or a
         pinned in-memory state."""
 
-    async def preload(self) -> None:  # noqa: B027 - optional: a control may start nothing
-        """Start the configured models' runtimes now, in order, instead of on their first
-        requests (the server's lifespan runs it in the background once the server is up;
-        requests for a model that is still starting wait for it). A model that does not start
-        or does not fit is logged and left to its first request. Default: nothing."""
-
     @abc.abstractmethod
     async def runtimes_listing(self) -> RuntimeList:
         """Loaded runtimes (``GET /werk/v1/runtimes``)."""

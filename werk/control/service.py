@@ -170,6 +170,9 @@ class LocalControlService(WerkControl):
         self._engines: dict[str, ExpertEngine] = {}
         self.states = StateViews(self)
         self.flow = PrefillFlow(self)
+        self._preload: tuple[anyio.CancelScope, anyio.Event] | None = None
+        """The running (or finished) preload's scope and its end."""
+        self._closing = False
 
     def _with_defaults(self, spec: ModelSpec) -> ModelSpec:
         """The spec a backend starts: with this server's persistence defaults, if it has any."""
@@ -313,8 +316,22 @@ class LocalControlService(WerkControl):
         )
 
     async def preload(self) -> None:
-        if not self.config.preload:
+        """Start the configured models' runtimes now, in order, instead of on their first
+        requests (``werk serve``, when ``config.preload``). Requests for a model that is still
+        starting wait for it. A model that does not start or does not fit next to those already
+        loaded is logged and left to its first request. :meth:`aclose` cancels a preload that is
+        still running (its half-started child is stopped) before it stops the runtimes."""
+        if not self.config.preload or self._preload is not None or self._closing:
             return
+        scope, done = anyio.CancelScope(), anyio.Event()
+        self._preload = (scope, done)
+        try:
+            with scope:
+                await self._preload_each()
+        finally:
+            done.set()
+
+    async def _preload_each(self) -> None:
         if self.runtimes.keep_alive == 0:
             log.info("no model preloaded: --keep-alive 0 would unload it at once")
             return
@@ -683,6 +700,13 @@ class LocalControlService(WerkControl):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def aclose(self) -> None:
+        """Stop every runtime, after cancelling a preload that is still running (and waiting
+        until it has ended, so that no start completes afterwards). Idempotent."""
+        self._closing = True
+        if self._preload is not None:
+            scope, done = self._preload
+            scope.cancel()
+            await done.wait()
         await self.runtimes.aclose()
 
 

@@ -41,7 +41,6 @@ def build_app(
             async with anyio.create_task_group() as background:
                 await background.start(control.run_jobs)  # interrupted jobs marked failed first
                 await background.start(control.run_idle_unloads)
-                background.start_soon(control.preload)  # requests wait for a starting model
                 yield
                 background.cancel_scope.cancel()
         finally:
