@@ -40,7 +40,10 @@ def test_run_server_reuses_the_live_runtime(home: Path, plugin_site: Path, tmp_p
     server_home.mkdir()
     import_model(server_home, plugin_site, "kv", "testkv", MODEL_TEXT)
     with werk_serve(
-        server_home, plugin_site, ["--model", "kv"], env={"WERK_LOAD_PLUGINS": PLUGINS}
+        server_home,
+        plugin_site,
+        ["--model", "kv", "--no-preload"],  # the first `werk run` starts the runtime
+        env={"WERK_LOAD_PLUGINS": PLUGINS},
     ) as server:
         url = server.base_url
         assert "no live testkv runtime" in prefix_cache_reason(url)

@@ -48,7 +48,8 @@ def _serve(home: Path, cache_size: str = "1") -> Iterator[WerkServer]:
     extra = {"WERK_BACKENDS_DIR": require_backends(), "WERK_MEDIA_PIPELINE_CACHE_SIZE": cache_size}
     models = [arg for model in (IMAGE_A, IMAGE_B, TTS, ASR, CLASSIFY) for arg in ("--model", model)]
     args = [*models, "--api-key", KEY, "--api-key", OTHER_KEY]
-    with werk_serve(home, None, args, env=extra) as server:
+    # --no-preload: these tests show residency before and after the first request
+    with werk_serve(home, None, [*args, "--no-preload"], env=extra) as server:
         yield server
 
 

@@ -46,7 +46,9 @@ def qwen_home(media_home: Path) -> Path:
 def served(qwen_home: Path) -> Iterator[WerkServer]:
     extra = {"WERK_BACKENDS_DIR": require_backends(), "WERK_MEDIA_PIPELINE_CACHE_SIZE": "1"}
     models = [arg for model in (QWEN, TTS, WRONG) for arg in ("--model", model)]
-    with werk_serve(qwen_home, None, [*models, "--api-key", KEY], env=extra) as server:
+    # --no-preload: the tests show residency before and after the first request
+    args = [*models, "--api-key", KEY, "--no-preload"]
+    with werk_serve(qwen_home, None, args, env=extra) as server:
         yield server
 
 
