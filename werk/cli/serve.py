@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -271,14 +272,15 @@ def serve(
 async def _serve(service: LocalControlService, http_server: Callable[[], uvicorn.Server]) -> None:
     """Preload the models while the HTTP stack is imported (in a worker thread: the children
     load on the other cores meanwhile), then serve until SIGINT/SIGTERM/SIGHUP. The server's
-    lifespan closes ``service``, which cancels a preload still running first."""
+    lifespan closes ``service``, which cancels a preload still running first. The preload is a
+    plain task, not a task group's: uvicorn's own exit (``SystemExit`` when the port is taken)
+    must reach the CLI as it is, not wrapped in an exception group."""
+    preloading = asyncio.ensure_future(service.preload())
     try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(service.preload)
-            server = await anyio.to_thread.run_sync(http_server)
-            signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
-            await server.serve()
-            group.cancel_scope.cancel()
+        server = await anyio.to_thread.run_sync(http_server)
+        signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
+        await server.serve()
     finally:
         with anyio.CancelScope(shield=True):
             await service.aclose()  # a no-op after the lifespan's (e.g. Ctrl+C while importing)
+            await asyncio.gather(preloading, return_exceptions=True)

@@ -153,6 +153,31 @@ def test_werk_serve_preloads_its_model_before_the_first_request(tmp_path: Path) 
         assert [r["generation"] for r in listed()] == [runtime["generation"]]
 
 
+def test_a_taken_port_ends_werk_serve_with_uvicorns_error_and_no_child_left(
+    tmp_path: Path,
+) -> None:
+    """The preload may already be starting the child when the bind fails: ``werk serve``
+    still exits 3 with the bind error (no traceback) and leaves no llama-server behind."""
+    import socket
+
+    home = tmp_path / "werk-home"
+    create_demo(home)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [str(WERK), "serve", "--model", "demo", "--port", str(port)],
+            env=werk_env(home),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 3, done.stderr
+    assert "address already in use" in done.stderr and "Traceback" not in done.stderr
+    assert wait_until(lambda: processes_mentioning(str(home)) == [], timeout=15)
+
+
 def test_run_server_reuses_the_live_llama_server(tmp_path: Path) -> None:
     """``werk run --server`` goes through the running server's live worker: the process table
     shows the same single llama-server child before and after, and no llama-server is started
