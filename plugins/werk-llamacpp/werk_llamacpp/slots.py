@@ -71,9 +71,10 @@ __all__ = [
 log = logging.getLogger("werk.llamacpp")
 
 SLOT_IO_TIMEOUT = 300.0
-"""Seconds for a slot save, restore or erase (connecting: :data:`CONNECT_TIMEOUT`)."""
+"""Seconds for a slot save, restore or erase: saving or restoring a multi-gigabyte slot is
+disk-bound; the bound is generous on purpose."""
 CONNECT_TIMEOUT = 10.0
-"""Saving or restoring a multi-gigabyte slot is disk-bound; the bound is generous on purpose."""
+"""Seconds to connect to the child, whatever the call's own bound."""
 
 _FILENAME = re.compile(r"^werk-[a-z]+-[0-9a-f]{32}\.slot$")
 
