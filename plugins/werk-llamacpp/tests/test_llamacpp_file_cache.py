@@ -80,6 +80,8 @@ def test_the_model_files_pages_after_unload(
         assert after.resident == 0
         assert "released for 1 of 1 file(s)" in ended
     else:
-        assert after.resident == loaded.resident
+        # Kept, not dropped: a cgroup near its limit may reclaim some clean pages meanwhile
+        # (CI saw it evict half of a just-read file), a release would leave none.
+        assert after.resident >= loaded.resident // 2
         reason = "leased elsewhere" if leased_elsewhere else "release off"
         assert f"demo.gguf (kept: {reason})" in ended
