@@ -4,7 +4,8 @@ Each run starts from nothing and stops everything afterwards:
 
 * **werk**: spawn ``werk serve --model demo`` at t0, wait for ``/werk/v1/health``, then stream
   one ``/v1/chat/completions``; the first SSE chunk carrying content is the first token (Werk
-  spawns its llama-server on that first request: inspection, hashing, spawn, readiness);
+  preloads: its llama-server is spawned as the server starts, while Werk imports its HTTP stack,
+  and a request that arrives before it is ready waits for it);
 * **llama-server alone**: spawn the same executable at t0 with the argument list Werk used
   (recorded from Werk's child in a preliminary run, with a fresh port, key and slot directory),
   wait for ``/health``, stream the same chat.

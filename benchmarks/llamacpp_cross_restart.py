@@ -7,9 +7,10 @@ Through real ``werk serve`` processes with the *medium* generated demo model and
    the long prompt is prefilled **cold** (``retention: disk``, evaluation + slot save + commit)
    and decoded for one token: the cold figure is that prefill's evaluation (a separate
    ``reuse: disabled``/``ephemeral`` prefill, timed alone) plus the one-token decode;
-2. SIGTERM; **restored**: a new ``werk serve`` is spawned and, as soon as it answers, a Prefill
-   with ``reuse: required`` (the new child starts, its probe restores the canary, Werk restores
-   the state) and a one-token Decode. Printed from spawn and from the first request;
+2. SIGTERM; **restored**: a new ``werk serve`` is spawned (it preloads the model: the new child
+   starts as the server does) and, as soon as it answers, a Prefill with ``reuse: required``
+   (the child's probe restores the canary, Werk restores the state) and a one-token Decode.
+   Printed from spawn and from the first request;
 3. SIGTERM; **without a state**: a new ``werk serve``, then a ``reuse: disabled`` Prefill of the
    same prompt and a one-token Decode, from spawn and from the first request.
 
