@@ -6,7 +6,8 @@ the demo model over HTTP:
   restores it into the new process generation (the backend reports >= 990 cached tokens) and
   the greedy decode equals the one before the restart;
 * ``runtime.state.restore.cross_restart`` per condition: no earlier generation (the first
-  server), probe passed (after a restart), probe failed (a corrupted canary);
+  server), probe passed (after a restart: the early probe of the preloaded generation proves
+  it before any request), probe failed (a corrupted canary);
 * a changed envelope — another ``--ctx-size`` or a replaced executable with another
   fingerprint — is ``incompatible_state``, and the state is listed ``reusable: false`` with the
   reason.
@@ -77,15 +78,25 @@ def serve(home: Path, env: dict[str, str] | None = None) -> Iterator[WerkServer]
     )
 
 
-def reuse_after_restart(server: WerkServer, state_id: str, expected: str) -> str:
-    """A required-reuse prefill in a new generation: the earlier state, its tokens reused."""
+def reuse_after_restart(
+    server: WerkServer, state_id: str, expected: str, *, preloaded: bool = True
+) -> str:
+    """A required-reuse prefill in a new generation: the earlier state, its tokens reused.
+
+    ``preloaded``: the new generation started with the server (``werk serve`` preloads), so
+    its early probe proves the canary before any request; otherwise no runtime is loaded and
+    the Prefill starts one (and waits for its probe)."""
     with server.client() as client:
-        before = listed(client, state_id)
-        assert before["reusable"] is False  # no runtime yet, or one that has not proven it
-        assert any(
-            why in before["reusable_reason"]
-            for why in ("no runtime of model 'demo' is loaded", "cross-restart restore is not")
-        ), before
+        if preloaded:
+            e2e._wait_for(
+                lambda: cross_row(client)["status"] == "experimental", "the early probe", 60
+            )
+            before = listed(client, state_id)
+            assert before["reusable"] is True, before
+        else:
+            before = listed(client, state_id)
+            assert before["reusable"] is False
+            assert "no runtime of model 'demo' is loaded" in before["reusable_reason"], before
         again = prefill(client, DISK_REQUIRED)
         assert again.status_code == 200, again.text
         body = again.json()
@@ -128,7 +139,8 @@ def test_a_disk_state_survives_sigterm_sigkill_and_a_killed_child(home: Path) ->
         os.kill(child.pid, signal.SIGKILL)
         with third.client() as client:
             e2e._wait_for(lambda: cross_row(client)["status"] == "unavailable", "the child's death")
-        print(f"after SIGKILL of the child: {reuse_after_restart(third, state_id, expected)}")
+        reason = reuse_after_restart(third, state_id, expected, preloaded=False)
+        print(f"after SIGKILL of the child: {reason}")
 
 
 def test_a_changed_envelope_is_incompatible_and_listed_with_the_reason(

@@ -9,6 +9,8 @@ process started without it still fails, on the observed refusal.
 
 from __future__ import annotations
 
+import json
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -24,8 +26,15 @@ from test_llamacpp_states_support import (
     slot_files,
 )
 from werk_llamacpp import states
+from werk_llamacpp.canary import canary_dir
 from werk_llamacpp.handle import LlamaHandle, ProbeStatus
-from werk_llamacpp.probe import effective_arg, ensure_probed, run_probe
+from werk_llamacpp.probe import (
+    PROBE_CANDIDATES,
+    effective_arg,
+    ensure_probed,
+    run_probe,
+    start_early_probe,
+)
 
 from werk import CapabilityId, PrefillCall, Unavailable
 
@@ -217,3 +226,57 @@ async def test_recorded_facts_that_disagree_with_the_process_fail(
         await _expect_failure(handle, child, reason)
     finally:
         await handle.http.aclose()
+
+
+@pytest.mark.slow
+@needs_llama_server
+async def test_the_early_probe_proves_a_canary_and_a_tampered_distribution_fails(
+    child: Child, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generations of one lineage in turn (each a new handle on the same process, as the
+    process layer makes one per child): the first leaves a canary, the early probe of the next
+    proves it without any Prefill, and a canary whose recorded candidate log-probabilities are
+    off by 1e-3 (its slot file and digest intact) fails the cross-restart step."""
+    monkeypatch.setenv("WERK_HOME", str(tmp_path))
+    lineage = f"lineage-{secrets.token_hex(4)}"
+
+    def generation() -> LlamaHandle:
+        made = make_handle(child, state_slots=(STATE_SLOT,))
+        made.lineage = lineage
+        return made
+
+    first, second, third, fourth = (generation() for _ in range(4))
+    try:
+        assert await _early(first) is ProbeStatus.NOT_RUN  # no canary: nothing run early
+        assert (await ensure_probed(first)).status is ProbeStatus.PASSED
+        assert first.cross_restart.status is ProbeStatus.FAILED
+        assert "no earlier process generation" in first.cross_restart.reason
+        record_path = canary_dir(lineage) / "canary.json"
+        record = json.loads(record_path.read_text())
+        assert record["generation"] == first.generation
+        assert len(record["top_logprobs"]) == PROBE_CANDIDATES
+
+        assert await _early(second) is ProbeStatus.PASSED  # proven before any Prefill
+        assert second.cross_restart.status is ProbeStatus.PASSED, second.cross_restart.reason
+        assert f"saved by generation {first.generation}" in second.cross_restart.reason
+
+        record["top_logprobs"][0][1] += 1e-3
+        record_path.write_text(json.dumps(record))
+        assert await _early(third) is ProbeStatus.PASSED  # this generation's own cycle passed
+        assert third.cross_restart.status is ProbeStatus.FAILED
+        assert "other candidate tokens or log-probabilities" in third.cross_restart.reason
+        assert json.loads(record_path.read_text())["generation"] == third.generation  # replaced
+
+        assert await _early(fourth) is ProbeStatus.PASSED
+        assert fourth.cross_restart.status is ProbeStatus.PASSED, fourth.cross_restart.reason
+        assert _state_slot_tokens(child) == 0
+        assert slot_files(child) == []
+    finally:
+        for made in (first, second, third, fourth):
+            await made.http.aclose()
+
+
+async def _early(handle: LlamaHandle) -> ProbeStatus:
+    task = start_early_probe(handle)
+    assert task is not None
+    return (await task).status

@@ -4,9 +4,10 @@ restores correctly into another started the same way.
 A process generation whose functional probe passed leaves a **canary** for its *lineage* — the
 digest of everything that determines the KV layout of a slot file, i.e. the state envelope
 without the process generation and the principal (see :func:`lineage_of`): its probe slot file,
-the prompt's tokens, the greedy text the probe generated and how many tokens the save held.
-A later generation of the same lineage restores that file into a state slot, replays the
-prompt and must reproduce the text with the prefix reused (``timings.cache_n``): only then is
+the prompt's tokens, the greedy text the probe generated, that token's most likely candidates
+with their log-probabilities, and how many tokens the save held. A later generation of the same
+lineage restores that file into a state slot, replays the prompt and must reproduce the text and
+the candidates with the prefix reused (``timings.cache_n``): only then is
 ``runtime.state.restore.cross_restart`` ``experimental`` for it.
 
 Canaries live privately under ``WERK_HOME/canaries/llamacpp/<lineage>/`` (``0700``;
@@ -39,7 +40,9 @@ __all__ = [
     "verified_slot_file",
 ]
 
-SCHEMA = 2
+SCHEMA = 3
+"""3: the candidates' log-probabilities were added; a canary of an older schema is ignored
+(the next probe replaces it)."""
 MAX_CANARY_JSON_BYTES = 1 << 20
 
 
@@ -69,6 +72,8 @@ class Canary:
     :ivar tokens: the probe prompt's tokens.
     :ivar content: the greedy text generated from them (the replay must reproduce it).
     :ivar n_predict: how many tokens that text is.
+    :ivar top_logprobs: the first generated token's most likely candidates, ``(token id,
+        log-probability)``, most likely first (the replay must reproduce them).
     :ivar n_saved: tokens the save held; :ivar n_written: bytes of the slot file.
     :ivar sha256: digest of the slot file.
     """
@@ -80,6 +85,7 @@ class Canary:
     n_saved: int
     n_written: int
     sha256: str
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 def canary_dir(lineage: str) -> Path:
@@ -102,6 +108,7 @@ def load_canary(lineage: str) -> Canary | None:
             n_saved=int(record["n_saved"]),
             n_written=int(record["n_written"]),
             sha256=str(record["sha256"]),
+            top_logprobs=tuple((int(i), float(lp)) for i, lp in record["top_logprobs"]),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -129,7 +136,12 @@ def store_canary(lineage: str, slot_file: Path, canary: Canary) -> None:
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             replace_private_file(dir_fd, "slot.bin", slot_file.read_bytes())
-            record = {"schema": SCHEMA, **asdict(canary), "tokens": list(canary.tokens)}
+            record = {
+                "schema": SCHEMA,
+                **asdict(canary),
+                "tokens": list(canary.tokens),
+                "top_logprobs": [list(pair) for pair in canary.top_logprobs],
+            }
             replace_private_file(dir_fd, "canary.json", json.dumps(record).encode())
         finally:
             os.close(dir_fd)

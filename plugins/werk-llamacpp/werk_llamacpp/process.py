@@ -75,6 +75,7 @@ from .inspect import (
     start_rehash,
     verify_unchanged,
 )
+from .probe import start_early_probe
 
 __all__ = [
     "Child",
@@ -279,6 +280,8 @@ class ManagedHandle(LlamaHandle):
     :ivar n_ctx: the context of one slot (``/props``).
     :ivar picker: chooses a ``/v1`` slot (never one of ``state_slots``).
     :ivar prepared: the expert pages prepared before the spawn (mappings retained until stop).
+    :ivar early_probe: the state probe started when the child became ready because an earlier
+        generation left a canary (:func:`~werk_llamacpp.probe.start_early_probe`).
     """
 
     child: Child = field(kw_only=True)
@@ -289,6 +292,7 @@ class ManagedHandle(LlamaHandle):
     picker: SlotPicker = field(kw_only=True)
     stopped: bool = field(default=False, kw_only=True)
     prepared: PreparedPages | None = field(default=None, kw_only=True)
+    early_probe: asyncio.Task[ProbeResult] | None = field(default=None, kw_only=True)
 
 
 def _relay_client(port: int, api_key: str) -> LoopbackClient:
@@ -557,6 +561,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
 
     child.on_exit(died)
     child.watch()
+    handle.early_probe = start_early_probe(handle)
     log.info(
         "llama-server %s ready for model %s (generation %s, %s, port %s)",
         child.pid,
@@ -587,6 +592,9 @@ async def stop_runtime(runtime: Runtime) -> None:
         return
     handle.stopped = True
     with anyio.CancelScope(shield=True):
+        if handle.early_probe is not None:
+            handle.early_probe.cancel()  # its clean-up (erase, unlink) runs before the stop
+            await asyncio.gather(handle.early_probe, return_exceptions=True)
         code = await handle.child.terminate()
         if handle.prepared is not None:
             handle.prepared.close()  # before the host's model file-cache release

@@ -429,8 +429,26 @@ class Timings(msgspec.Struct, frozen=True):
     predicted_n: int
 
 
+class TopLogprob(msgspec.Struct, frozen=True):
+    """One candidate of a generated token's distribution (``n_probs``)."""
+
+    id: int
+    logprob: float
+
+
+class TokenProbabilities(msgspec.Struct, frozen=True):
+    """A generated token and its ``n_probs`` most likely candidates (before sampling)."""
+
+    id: int
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
 class Completion(msgspec.Struct, frozen=True):
-    """The fields of a non-streamed ``/completion`` answer that Werk relies on."""
+    """The fields of a non-streamed ``/completion`` answer that Werk relies on.
+
+    :ivar completion_probabilities: per generated token, when the request asked ``n_probs``.
+    """
 
     content: str
     id_slot: int
@@ -438,6 +456,7 @@ class Completion(msgspec.Struct, frozen=True):
     truncated: bool
     tokens_predicted: int
     timings: Timings
+    completion_probabilities: tuple[TokenProbabilities, ...] = ()
 
 
 def _inference_error(exc: LlamaRefused) -> Exception:
@@ -509,12 +528,15 @@ async def complete_in_slot(
     temperature: float = 0.0,
     seed: int | None = None,
     stop: Sequence[str] = (),
+    n_probs: int = 0,
 ) -> Completion:
     """Evaluate ``tokens`` in ``slot`` (reusing its cached prefix) and generate ``n_predict``.
 
     ``n_predict: 0`` is accepted by this server: it evaluates the whole prompt into the slot,
     samples one token (``tokens_predicted: 1``) and stops without evaluating that token, so the
-    slot then holds exactly the prompt. ``temperature <= 0`` is greedy decoding.
+    slot then holds exactly the prompt. ``temperature <= 0`` is greedy decoding. ``n_probs > 0``
+    asks for each generated token's ``n_probs`` most likely candidates and their
+    log-probabilities (``Completion.completion_probabilities``).
 
     :raises werk.InvalidRequest: the prompt exceeds the slot's context.
     :raises werk.BackendError: refused, malformed, or answered from another slot.
@@ -532,6 +554,8 @@ async def complete_in_slot(
         body["seed"] = seed
     if stop:
         body["stop"] = list(stop)
+    if n_probs > 0:
+        body["n_probs"] = n_probs
     try:
         data = await llama_json(
             handle, "POST", "/completion", "completion", body=body, timeout=INFERENCE_TIMEOUT
