@@ -10,6 +10,7 @@ for that task. Controls run the same greedy request uncached in another slot.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -185,15 +186,53 @@ async def test_snapshot_restore_continue_and_decode(
     assert slot_files(child) == []  # and removed once restored
     assert restored.kind is StateKind.HANDLE and restored.tokens == n
     assert restored.logical_bytes == snap.logical_bytes
+    evals = len(child.prompt_evals(STATE_SLOT))
     continued = await states.prefill(
         runtime, PrefillCall(prompt=PROMPT, reuse_from=restored, policy=Policy(reuse=Reuse.PREFER))
     )
-    # The backend's own count: everything but the last prompt token came from the restored slot.
-    assert continued.cached_tokens == n - 1
+    # Just restored with exactly the prompt's tokens: nothing evaluated, all n acknowledged by
+    # the server's restore; the decode computes the last prompt token (cache_n = n - 1).
+    assert continued.cached_tokens == n
+    assert len(child.prompt_evals(STATE_SLOT)) == evals
     decoded = await states.decode(runtime, DecodeCall(state=continued.state, max_tokens=10))
-    assert child.prompt_evals(STATE_SLOT)[-1] == 1
+    assert child.prompt_evals(STATE_SLOT)[evals:] == [1]
     control = uncached_completion(child, PROXY_SLOT, list(_slot_state(outcome.state).tokens), 10)
     assert decoded.text == control["content"]
+
+
+async def test_only_a_just_restored_state_with_exactly_the_prompt_skips_the_evaluation(
+    handle: LlamaHandle, child: Child, tmp_path: Path
+) -> None:
+    """A longer prompt evaluates its extension (the server's cache_n counts the restored
+    prefix); a restored slot emptied behind Werk's back before the skipped evaluation is caught
+    where the text is made: the decode refuses instead of re-prefilling."""
+    runtime = runtime_for(handle)
+    outcome = await states.prefill(runtime, PrefillCall(prompt=PROMPT))
+    n = outcome.prompt_tokens
+    snap = await states.snapshot(runtime, outcome.state)
+    prefer = Policy(reuse=Reuse.PREFER)
+
+    first = payload_copy(snap, tmp_path / "a.bin")
+    assert first.path is not None
+    second = BackendState(kind=first.kind, path=tmp_path / "b.bin", generation=first.generation)
+    shutil.copyfile(first.path, tmp_path / "b.bin")  # a restore consumes its payload
+
+    restored = await states.restore(runtime, first)
+    longer = await states.prefill(
+        runtime, PrefillCall(prompt=PROMPT + " And then?", reuse_from=restored, policy=prefer)
+    )
+    assert longer.cached_tokens == n and longer.prompt_tokens > n  # the server's own cache_n
+    assert child.prompt_evals(STATE_SLOT)[-1] == longer.prompt_tokens - n
+
+    restored = await states.restore(runtime, second)
+    with child.direct() as direct:
+        assert direct.post(f"/slots/{STATE_SLOT}?action=erase").json()["n_erased"] == n
+    skipped = await states.prefill(
+        runtime, PrefillCall(prompt=PROMPT, reuse_from=restored, policy=prefer)
+    )
+    assert skipped.cached_tokens == n  # the restore's acknowledgement; nothing evaluated yet
+    with pytest.raises(BackendError, match="refusing to re-prefill silently"):
+        await states.decode(runtime, DecodeCall(state=skipped.state, max_tokens=4))
 
 
 async def test_restore_refuses_a_snapshot_of_another_generation(

@@ -56,6 +56,9 @@ class LlamaHandle:
         a slot file an earlier generation of the same lineage saved restored and replayed
         correctly here.
     :ivar slot_lock: serialises every /slots operation and state prefill/decode on this child.
+    :ivar restored_slot: ``(slot, epoch, n_restored)`` of the last restore when nothing has
+        evaluated in that slot since (the restore's acknowledged token count): a Prefill that
+        continues that state with exactly its tokens evaluates nothing.
     :ivar log_path: the child's captured stdout/stderr.
     """
 
@@ -80,3 +83,4 @@ class LlamaHandle:
             ProbeStatus.NOT_RUN, "the functional probe (and its cross-restart step) has not run"
         )
     )
+    restored_slot: tuple[int, int, int] | None = None

@@ -17,7 +17,14 @@ opted-in Prefill through while the capability is still ``unavailable``) and refu
 ``cached_tokens`` is 0; with ``reuse_from`` the prompt continues in that state's slot and
 ``cached_tokens`` is the server's own ``timings.cache_n``. A stale ``reuse_from`` raises
 ``reuse_unavailable`` under ``reuse: required``; under ``prefer`` the prompt is evaluated afresh in
-a new slot and ``cached_tokens`` reports the (absent) reuse truthfully.
+a new slot and ``cached_tokens`` reports the (absent) reuse truthfully. A Prefill that continues a
+state **just restored** (nothing evaluated in its slot since the restore) with exactly its tokens
+evaluates nothing: the server's restore acknowledged the whole prompt (``n_restored``, checked
+against the snapshot), which is the ``cached_tokens`` reported, and the Decode computes the last
+prompt token as it always does (the server recomputes at least one token to have logits);
+evaluating it in the Prefill too would compute the same token twice (one forward pass). The
+evaluation's reuse is then observed where the text is made: the Decode's ``timings.cache_n``
+check below.
 
 **Snapshot** saves the slot under a Werk-generated name in the private slot directory and seals
 the file: the server's bytes (exactly ``n_written`` of them), then a JSON trailer (format,
@@ -182,6 +189,14 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
         target: tuple[int, int] | None = None
         if call.reuse_from is not None:
             target = await _reuse_target(handle, call)
+        restored, handle.restored_slot = handle.restored_slot, None
+        if target is not None and _restored_whole(handle, restored, target, call, tokens):
+            allocator.touch(target[0])
+            return PrefillOutcome(
+                state=_live(handle, *target, tokens),
+                prompt_tokens=len(tokens),
+                cached_tokens=len(tokens),
+            )
         fresh = target is None
         if target is None:
             target = allocator.acquire()
@@ -199,6 +214,23 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
         prompt_tokens=len(tokens),
         cached_tokens=answer.timings.cache_n,
     )
+
+
+def _restored_whole(
+    handle: LlamaHandle,
+    restored: tuple[int, int, int] | None,
+    target: tuple[int, int],
+    call: PrefillCall,
+    tokens: tuple[int, ...],
+) -> bool:
+    """Whether ``target`` is the slot of the last restore, nothing evaluated there since, and
+    the restored state's tokens are exactly the prompt's (the restore acknowledged them all)."""
+    if restored is None or restored[:2] != target or restored[2] < len(tokens):
+        return False
+    reuse_from = call.reuse_from
+    if reuse_from is None or reuse_from.kind is not StateKind.HANDLE:
+        return False
+    return _slot_state(handle, reuse_from).tokens == tokens
 
 
 async def _reuse_target(handle: LlamaHandle, call: PrefillCall) -> tuple[int, int] | None:
@@ -327,6 +359,7 @@ async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> Backend
             await _discard(handle, slot, exc)
             raise
         allocator.touch(slot)
+        handle.restored_slot = (slot, epoch, ack.n_restored)
     finally:
         await _unlink(dest)
     tokens = tuple(meta.tokens)
@@ -426,6 +459,7 @@ async def decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
     seed = None if call.seed is None else call.seed % (2**32 - 1)
     async with handle.slot_lock:
         _require_probe(handle, CapabilityId.PD_DECODE)
+        handle.restored_slot = None  # the slot evaluates now
         allocator = allocator_for(handle)
         if not allocator.current(live.slot, live.epoch):
             raise BackendError(f"{_NOT_RESIDENT} (its slot was given to another state)")
