@@ -109,9 +109,12 @@ LOGPROB_TOLERANCE = 1e-4
 computation on the same bytes gives the same bits; the margin only absorbs a different
 thread split of a reduction, far below what one changed KV position moves."""
 
-PROBE_TEXT = "Werk state probe. Nonce: "
-"""With a random 16-hex-digit nonce appended: a prompt no slot or cache has seen. Short, so the
-probe (run on a generation's first prefill, twice with the cross-restart step) costs little."""
+PROBE_TEXT = "Werk "
+"""With a random 6-hex-digit nonce appended: a prompt no slot of this process has seen (the
+slot is erased first and the RAM cache is off; the nonce only keeps probe prompts apart).
+Short: its evaluation is most of the probe's cost (11 tokens for the demo models' byte-level
+vocabulary: the first, batched evaluation costs ~25 ms plus ~3 ms per token on the 1 B medium
+demo model on 2 cores, each single-token run ~20-30 ms)."""
 
 CACHE_RAM_FLAGS = ("--cache-ram", "-cram")
 SLOT_PATH_FLAGS = ("--slot-save-path",)
@@ -226,7 +229,7 @@ async def _exercise(handle: LlamaHandle, slot: int, filename: str) -> tuple[str,
     """Steps 1-6 in ``slot``; returns the pass reason and this generation's canary record."""
     _require(await slot_is_idle(handle, slot), f"state slot {slot} is busy")
     await erase_slot(handle, slot)
-    tokens = await tokenize(handle, PROBE_TEXT + secrets.token_hex(8))
+    tokens = await tokenize(handle, PROBE_TEXT + secrets.token_hex(3))
     head = await complete_in_slot(handle, slot, tokens[:-1], n_predict=0)
     _require(
         head.timings.cache_n == 0,
