@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import msgspec
 import pytest
 from test_llamacpp_process_support import (
@@ -36,6 +35,7 @@ from test_llamacpp_process_support import (
     needs_llama_server,
     werk_env,
 )
+from test_llamacpp_states_support import loopback_to
 from werk_llamacpp.chat_snapshots import (
     EVIDENCE,
     INDEX,
@@ -57,6 +57,7 @@ from werk_llamacpp.slots import allocator_for
 
 from werk import (
     BackendError,
+    LoopbackClient,
     ModelSpec,
     NativeContext,
     OpenAICall,
@@ -330,10 +331,10 @@ def session(tmp_path: Path) -> NativeDir:
 
 async def _cache(
     tmp_path: Path, url: str, native_dir: NativeDir, phases: list[str]
-) -> tuple[LlamaChatCache, httpx.AsyncClient]:
+) -> tuple[LlamaChatCache, LoopbackClient]:
     slot_dir = tmp_path / "slots"
     slot_dir.mkdir(mode=0o700, exist_ok=True)
-    client = httpx.AsyncClient(base_url=url, trust_env=False)
+    client = loopback_to(url)
     handle = LlamaHandle(
         base_url=url,
         api_key="key",
@@ -440,7 +441,7 @@ def test_only_an_in_process_pin_of_a_state_slot_is_honoured(tmp_path: Path) -> N
     handle = LlamaHandle(
         base_url="http://127.0.0.1:9",
         api_key="key",
-        http=httpx.AsyncClient(),
+        http=loopback_to("http://127.0.0.1:9"),
         pid=os.getpid(),
         generation="g_test",
         slot_dir=tmp_path,

@@ -15,6 +15,7 @@ import pytest
 from test_llamacpp_process_support import LLAMA_SERVER, demo_model, needs_llama_server
 from werk_llamacpp import inspect as llama_inspect
 from werk_llamacpp.process import ManagedHandle
+from werk_llamacpp.slots import llama_json
 
 from werk import ModelSpec
 from werk.testing import ConformanceReport
@@ -81,7 +82,7 @@ async def test_a_stream_the_host_closes_mid_reply_frees_its_slot_within_a_second
         assert handle.picker.in_flight() == 0
 
         async def processing() -> list[int]:
-            slots = (await handle.http.get("/slots")).json()
+            slots = await llama_json(handle, "GET", "/slots", "slot listing")
             return [s["id"] for s in slots if s.get("is_processing")]
 
         with anyio.fail_after(1.0):

@@ -41,6 +41,7 @@ from werk_llamacpp.handle import ProbeStatus
 from werk_llamacpp.inspect import ExecutableChanged
 from werk_llamacpp.process import ManagedHandle, generation_root, start_runtime, stop_runtime
 from werk_llamacpp.proxy import openai_reply
+from werk_llamacpp.slots import llama_json
 
 from werk import (
     BackendError,
@@ -153,7 +154,7 @@ async def test_start_describe_and_stop(
             for key in ("from-the-environment", "wrong"):
                 headers = {"Authorization": f"Bearer {key}"}
                 assert (await anonymous.get("/v1/models", headers=headers)).status_code == 401
-        assert (await handle.http.get("/v1/models")).status_code == 200
+        assert (await llama_json(handle, "GET", "/v1/models", "model listing"))["data"]
         assert (await chat(runtime))["model"] == "demo"
     finally:
         await stop_runtime(runtime)

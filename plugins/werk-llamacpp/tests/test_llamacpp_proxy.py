@@ -39,12 +39,12 @@ from werk_llamacpp.process import (
     Child,
     ManagedHandle,
     SlotPicker,
-    _control_client,
     _relay_client,
     start_runtime,
     stop_runtime,
 )
 from werk_llamacpp.proxy import openai_reply
+from werk_llamacpp.slots import llama_json
 
 from werk import (
     BackendError,
@@ -176,11 +176,11 @@ async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, Runtime]]:
         log_path=tmp_path / "log",
         port=server.port,
     )
-    http, relay = _control_client(server.port, "key"), _relay_client(server.port, "key")
+    relay = _relay_client(server.port, "key")
     handle = ManagedHandle(
         base_url=f"http://127.0.0.1:{server.port}",
         api_key="key",
-        http=http,
+        http=relay,
         pid=sleeper.pid,
         generation="g_standin",
         slot_dir=tmp_path,
@@ -210,7 +210,6 @@ async def stand_in(tmp_path: Path) -> AsyncIterator[tuple[StandIn, Runtime]]:
     try:
         yield server, runtime
     finally:
-        await http.aclose()
         await relay.aclose()
         sleeper.kill()
         sleeper.wait()
@@ -453,7 +452,7 @@ async def test_v1_traffic_never_touches_the_state_slot(home: Path, tmp_path: Pat
             for i in range(12):
                 call = chat_call(max_tokens=8, messages=[{"role": "user", "content": f"c{i}"}])
                 tg.start_soon(openai_reply, runtime, call)
-        slots = (await handle.http.get("/slots")).json()
+        slots = await llama_json(handle, "GET", "/slots", "slot listing")
         used = {s["id"] for s in slots if "id_task" in s}
         assert 4 not in used
         assert len(used) >= 2  # concurrent requests spread over the general slots

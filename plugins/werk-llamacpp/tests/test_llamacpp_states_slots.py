@@ -7,14 +7,15 @@ answering), or answer with its error shapes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from test_llamacpp_states_support import loopback_to
 from werk_llamacpp.handle import LlamaHandle
 from werk_llamacpp.slots import (
     LlamaRefused,
@@ -25,7 +26,7 @@ from werk_llamacpp.slots import (
     new_slot_filename_ok,
 )
 
-from werk import BackendError, Unavailable
+from werk import BackendError, LoopbackClient, Unavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -54,12 +55,17 @@ def test_the_allocator_prefers_free_slots_then_the_least_recently_used() -> None
         SlotAllocator((1, 1))
 
 
-def _client(base_url: str) -> httpx.AsyncClient:
-    """Like the process layer's pooled client: bound to the child's base URL."""
-    return httpx.AsyncClient(base_url=base_url, trust_env=False)
+@contextlib.asynccontextmanager
+async def _client(base_url: str) -> AsyncIterator[LoopbackClient]:
+    """Like the process layer's pooled client: the host's loopback client to the child."""
+    client = loopback_to(base_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
-def _handle(base_url: str, tmp_path: Path, http: httpx.AsyncClient) -> LlamaHandle:
+def _handle(base_url: str, tmp_path: Path, http: LoopbackClient) -> LlamaHandle:
     return LlamaHandle(
         base_url=base_url,
         api_key="k",
@@ -76,7 +82,7 @@ def _handle(base_url: str, tmp_path: Path, http: httpx.AsyncClient) -> LlamaHand
 
 
 async def test_slot_ids_are_validated_because_the_server_wraps_them(tmp_path: Path) -> None:
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with _client("http://127.0.0.1:9") as http:
         handle = _handle("http://127.0.0.1:9", tmp_path, http)
         assert check_state_slot(handle, 1) == 1
         for bad in (0, 2, 3, -1, True):

@@ -28,7 +28,7 @@ from werk_llamacpp.demo import create_demo_model
 from werk_llamacpp.executable import locate_llama_server
 from werk_llamacpp.handle import LlamaHandle
 
-from werk import BackendState, ModelSpec, Runtime
+from werk import BackendState, LoopbackClient, ModelSpec, Runtime
 
 LLAMA_SERVER = locate_llama_server().path
 
@@ -167,6 +167,13 @@ def llama_child(
             process.wait()
 
 
+def loopback_to(base_url: str, api_key: str | None = None) -> LoopbackClient:
+    """The host's loopback client to ``base_url``, as the process layer makes one per child
+    (``LlamaHandle.http``)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return LoopbackClient("127.0.0.1", int(base_url.rsplit(":", 1)[1]), headers=headers)
+
+
 def make_handle(
     child: Child,
     *,
@@ -178,11 +185,7 @@ def make_handle(
     """A fresh :class:`LlamaHandle` (probe not run, new allocator) for ``child``."""
     with child.direct() as direct:
         props: dict[str, Any] = direct.get("/props").json()
-    http = httpx.AsyncClient(
-        base_url=child.base_url,
-        headers={"Authorization": f"Bearer {child.api_key}"},
-        timeout=httpx.Timeout(60.0, connect=5.0),
-    )
+    http = loopback_to(child.base_url, child.api_key)
     return LlamaHandle(
         base_url=child.base_url,
         api_key=child.api_key,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 if TYPE_CHECKING:
-    import httpx
+    from werk import LoopbackClient
 
 __all__ = ["LlamaHandle", "ProbeResult", "ProbeStatus"]
 
@@ -40,7 +40,8 @@ class LlamaHandle:
 
     :ivar base_url: ``http://127.0.0.1:<port>`` of the child (loopback only).
     :ivar api_key: the child's random per-spawn API key (sent as ``Authorization: Bearer``).
-    :ivar http: a pooled async client bound to the child (base_url and key already set).
+    :ivar http: the host's pooled loopback client bound to the child (its key already set):
+        every ``/slots``, ``/tokenize`` and slot-bound ``/completion`` request goes through it.
     :ivar pid: the child's process id.
     :ivar generation: ``g_<hex>``, random per spawn (the same as ``Runtime.generation``).
     :ivar slot_dir: the private (0700) ``--slot-save-path`` directory of this child.
@@ -64,7 +65,7 @@ class LlamaHandle:
 
     base_url: str
     api_key: str
-    http: httpx.AsyncClient
+    http: LoopbackClient
     pid: int
     generation: str
     slot_dir: Path

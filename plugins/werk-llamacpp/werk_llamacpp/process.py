@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -90,9 +89,6 @@ __all__ = [
     "startup_failure",
     "stop_runtime",
 ]
-
-if TYPE_CHECKING:
-    import httpx
 
 log = logging.getLogger("werk.llamacpp")
 
@@ -274,7 +270,7 @@ class ManagedHandle(LlamaHandle):
 
     :ivar child: the process.
     :ivar v1: the host's pooled loopback client for the ``/v1`` relay (the hot path; the
-        proxy's one retry goes through it on a new connection).
+        proxy's one retry goes through it on a new connection); the same object as ``http``.
     :ivar inspection: the executable's inspection (``flags``, ``version``, ``sha256``).
     :ivar model_alias: the model name the child expects in ``/v1`` bodies.
     :ivar n_ctx: the context of one slot (``/props``).
@@ -296,7 +292,8 @@ class ManagedHandle(LlamaHandle):
 
 
 def _relay_client(port: int, api_key: str) -> LoopbackClient:
-    """The ``/v1`` relay client (also used for readiness: ``/health``, ``/props``)."""
+    """The host's loopback client to the child: the ``/v1`` relay, readiness (``/health``,
+    ``/props``) and every state-slot request (``LlamaHandle.http`` is the same client)."""
     return LoopbackClient(
         "127.0.0.1",
         port,
@@ -305,24 +302,6 @@ def _relay_client(port: int, api_key: str) -> LoopbackClient:
         write_timeout=60.0,
         read_timeout=600.0,
         max_idle=16,
-    )
-
-
-def _control_client(port: int, api_key: str) -> httpx.AsyncClient:
-    """The control client (``/slots``, ``/completion`` in a state slot, ``/props``).
-
-    Made in a worker thread while the child loads: importing httpx and building its client
-    takes ~0.1 s of CPU that would otherwise come before the spawn."""
-    import httpx
-
-    # identity: the relay passes bytes through; it never has to undo a compression.
-    headers = {"Authorization": f"Bearer {api_key}", "Accept-Encoding": "identity"}
-    return httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}",
-        headers=headers,
-        timeout=httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0),
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-        trust_env=False,  # never route loopback traffic through an HTTP(S)_PROXY
     )
 
 
@@ -390,7 +369,7 @@ async def _spawn_ready(
     generation: str,
     slot_dir: Path,
     workdir: WorkDir,
-) -> tuple[Child, BuiltArgs, str, httpx.AsyncClient, LoopbackClient]:
+) -> tuple[Child, BuiltArgs, str, LoopbackClient]:
     """Spawn and wait for readiness, retrying a lost port race; the child is killed on failure."""
     for attempt in range(1, BIND_ATTEMPTS + 1):
         port, api_key = free_port(), child_api_key()
@@ -407,18 +386,16 @@ async def _spawn_ready(
             inspection.path, built.argv, generation=generation, workdir=workdir, port=port
         )
         relay = _relay_client(port, api_key)
-        # The control client is made in a worker thread while the child loads.
-        control = asyncio.get_running_loop().run_in_executor(None, _control_client, port, api_key)
         try:
             await _wait_ready(child, relay, options.startup_timeout)
             code = child.poll()
             if code is not None or listens_on(child.pid, port) is False:
                 # It exited, or something else answered on its port.
                 raise ProcessExited(code if code is not None else -1)
-            return child, built, api_key, await control, relay
+            return child, built, api_key, relay
         except ProcessExited as exc:
             child.kill_now()
-            await _close(*_made(control), relay)
+            await _close(relay)
             if attempt < BIND_ATTEMPTS and is_bind_failure(child.log_tail()):
                 log.warning("llama-server lost the race for port %s; retrying", port)
                 continue
@@ -426,19 +403,12 @@ async def _spawn_ready(
         except BaseException:
             child.kill_now()
             with anyio.CancelScope(shield=True):
-                await _close(*_made(control), relay)
+                await _close(relay)
             raise
     raise AssertionError("unreachable")
 
 
-def _made(control: asyncio.Future[httpx.AsyncClient]) -> list[httpx.AsyncClient]:
-    """The control client if it was made already (one still being made holds no socket)."""
-    if control.done() and not control.cancelled() and control.exception() is None:
-        return [control.result()]
-    return []
-
-
-async def _close(*clients: httpx.AsyncClient | LoopbackClient) -> None:
+async def _close(*clients: LoopbackClient) -> None:
     for client in clients:
         with contextlib.suppress(Exception):
             await client.aclose()
@@ -476,7 +446,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     slot_dir = workdir.path / "slots"
     digest = start_rehash(inspection)  # for the post-readiness check, while the child loads
     try:
-        child, built, api_key, http, relay = await _spawn_ready(
+        child, built, api_key, relay = await _spawn_ready(
             spec, inspection, options, generation, slot_dir, workdir
         )
     except BaseException:
@@ -499,7 +469,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         handle = ManagedHandle(
             base_url=f"http://127.0.0.1:{child.port}",
             api_key=api_key,
-            http=http,
+            http=relay,
             pid=child.pid,
             generation=generation,
             slot_dir=slot_dir,
@@ -541,7 +511,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     except BaseException:
         child.kill_now()
         with anyio.CancelScope(shield=True):
-            await _close(http, relay)
+            await _close(relay)
         child.remove_dir()
         if prepared is not None:
             prepared.close()
@@ -598,6 +568,6 @@ async def stop_runtime(runtime: Runtime) -> None:
         code = await handle.child.terminate()
         if handle.prepared is not None:
             handle.prepared.close()  # before the host's model file-cache release
-        await _close(handle.http, handle.v1)
+        await _close(handle.v1)  # also handle.http: the same client
         await anyio.to_thread.run_sync(handle.child.remove_dir)
     log.info("llama-server %s (generation %s) stopped (%s)", handle.pid, handle.generation, code)

@@ -35,16 +35,23 @@ import secrets
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+import anyio
 import msgspec
 
-from werk import BackendError, ChatMessage, InvalidRequest, Unavailable
+from werk import (
+    BackendError,
+    ChatMessage,
+    InvalidRequest,
+    LoopbackError,
+    LoopbackTimeout,
+    NotSent,
+    ResponseTooLarge,
+    Unavailable,
+)
 
 from .handle import LlamaHandle
-
-if TYPE_CHECKING:
-    import httpx
 
 __all__ = [
     "Completion",
@@ -73,8 +80,8 @@ log = logging.getLogger("werk.llamacpp")
 SLOT_IO_TIMEOUT = 300.0
 """Seconds for a slot save, restore or erase: saving or restoring a multi-gigabyte slot is
 disk-bound; the bound is generous on purpose."""
-CONNECT_TIMEOUT = 10.0
-"""Seconds to connect to the child, whatever the call's own bound."""
+ANSWER_LIMIT_BYTES = 64 << 20
+"""The largest JSON answer read from the child (a ``/slots`` listing, a completion)."""
 
 _FILENAME = re.compile(r"^werk-[a-z]+-[0-9a-f]{32}\.slot$")
 
@@ -196,10 +203,10 @@ class LlamaRefused(Exception):
         super().__init__(self.summary)
 
 
-def _error_fields(response: httpx.Response) -> tuple[str, str]:
+def _error_fields(raw: bytes) -> tuple[str, str]:
     try:
-        body = response.json()
-    except ValueError:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
         return "unknown", ""
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
@@ -211,26 +218,11 @@ def _error_fields(response: httpx.Response) -> tuple[str, str]:
     )
 
 
-def _never_sent(exc: httpx.TransportError) -> bool:
-    """Whether ``exc`` means the request failed before any response byte arrived."""
-    import httpx
-
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return "without sending" in str(exc)
-    return isinstance(exc, httpx.WriteError | httpx.ConnectError)
-
-
-async def _send(
-    client: httpx.AsyncClient,
-    method: str,
-    path: str,
-    body: dict[str, Any] | None,
-    timeout: float,
-) -> httpx.Response:
-    import httpx
-
-    limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT))
-    return await client.request(method, path, json=body, timeout=limits)
+async def _exchange(
+    handle: LlamaHandle, method: str, path: str, body: bytes, *, fresh: bool
+) -> tuple[int, bytes]:
+    async with await handle.http.request(method, path, body=body, fresh=fresh) as response:
+        return response.status, await response.read(ANSWER_LIMIT_BYTES)
 
 
 async def llama_json(
@@ -244,42 +236,37 @@ async def llama_json(
 ) -> Any:
     """Send one JSON request to the child and return the decoded JSON answer.
 
-    A request that fails *before any response byte* (this llama-server sometimes closes a pooled
-    keep-alive connection right after a streamed response) is retried once, on a new connection
-    outside the pool: nothing was received, so the server did not answer it twice.
+    Through the host's loopback client (``handle.http``). A request that fails *before any
+    response byte* (this llama-server sometimes closes a pooled keep-alive connection right
+    after a streamed response) is retried once, on a new connection: nothing was received, so
+    the server did not answer it twice. ``timeout`` bounds the whole exchange, both tries.
 
     :param what: a few words for errors (``"slot save"``).
     :raises LlamaRefused: the server answered with an HTTP error status.
     :raises werk.Unavailable: the child does not answer (it is probably dead).
     :raises werk.BackendError: no answer in time, or the answer is not JSON.
     """
-    import httpx  # not at module level: kept off the path to the child's spawn
-
+    payload = b"" if body is None else msgspec.json.encode(body)
     try:
-        try:
-            response = await _send(handle.http, method, path, body, timeout)
-        except httpx.TransportError as exc:
-            if not _never_sent(exc):
-                raise
-            log.debug("llama-server dropped a connection before %s; retrying once", what)
-            async with httpx.AsyncClient(
-                base_url=handle.base_url,
-                headers={"Authorization": f"Bearer {handle.api_key}"},
-                limits=httpx.Limits(max_keepalive_connections=0),
-                trust_env=False,
-            ) as fresh:
-                response = await _send(fresh, method, path, body, timeout)
-    except httpx.TimeoutException:
+        with anyio.fail_after(timeout):
+            try:
+                status, raw = await _exchange(handle, method, path, payload, fresh=False)
+            except NotSent:
+                log.debug("llama-server dropped a connection before %s; retrying once", what)
+                status, raw = await _exchange(handle, method, path, payload, fresh=True)
+    except (TimeoutError, LoopbackTimeout):
         raise BackendError(f"llama-server did not finish {what} in time") from None
-    except httpx.TransportError:
+    except ResponseTooLarge:
+        raise BackendError(f"llama-server's answer to {what} is too large") from None
+    except LoopbackError:
         raise Unavailable(f"llama-server is not answering ({what})", retryable=True) from None
-    if response.status_code >= 400:
-        error_type, message = _error_fields(response)
-        log.warning("llama-server refused %s: HTTP %s %s", what, response.status_code, message)
-        raise LlamaRefused(what, response.status_code, error_type, message)
+    if status >= 400:
+        error_type, message = _error_fields(raw)
+        log.warning("llama-server refused %s: HTTP %s %s", what, status, message)
+        raise LlamaRefused(what, status, error_type, message)
     try:
-        return response.json()
-    except ValueError:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
         raise BackendError(f"llama-server's answer to {what} is not JSON") from None
 
 
