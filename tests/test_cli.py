@@ -325,3 +325,35 @@ def test_jobs_list_and_show_read_the_records_of_every_principal(werk_home: Path)
     assert shown["output"]["url"] == f"/v1/outputs/{output.id}"
     missing = run("jobs", "show", "job_nope", home=werk_home)
     assert missing.returncode == 1 and "no job 'job_nope'" in missing.stderr
+
+
+WHOLE_TREE = (
+    "import sys; from werk.cli import app, register_plugin_commands; "
+    "register_plugin_commands(); sys.argv[0] = 'werk'; app()"
+)
+
+
+@pytest.mark.parametrize("args", [("serve", "--help"), ("plugins", "--help"), ("serve", "--nope")])
+def test_an_own_command_is_built_alone_and_behaves_the_same(
+    args: tuple[str, ...], tmp_path: Path, werk_home: Path
+) -> None:
+    """``werk serve ...`` (any of Werk's own top-level commands named first) builds that command
+    alone, for start-up time: the plugins' commands are not loaded (a plugin that fails to add
+    them is not even asked), and the help, the output and the exit status are those of the
+    whole command tree."""
+    site = _site_with(tmp_path, werk_broken=BROKEN_COMMANDS_PLUGIN)
+    alone = run(*args, home=werk_home, PYTHONPATH=str(site))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
+    env.update({"WERK_HOME": str(werk_home), "NO_COLOR": "1", "COLUMNS": "200"})
+    whole = subprocess.run(
+        [sys.executable, "-c", WHOLE_TREE, *args],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(site)},
+        timeout=120,
+        check=False,
+    )
+    assert "cannot add commands today" in whole.stderr  # the whole tree asked the plugin
+    assert "cannot add commands today" not in alone.stderr
+    assert (alone.returncode, alone.stdout) == (whole.returncode, whole.stdout)
+    assert alone.stderr == whole.stderr.split("\n", 1)[1]  # all but the plugin's warning
