@@ -357,3 +357,15 @@ def test_an_own_command_is_built_alone_and_behaves_the_same(
     assert "cannot add commands today" not in alone.stderr
     assert (alone.returncode, alone.stdout) == (whole.returncode, whole.stdout)
     assert alone.stderr == whole.stderr.split("\n", 1)[1]  # all but the plugin's warning
+
+
+def test_the_command_line_imports_no_runtime_stack() -> None:
+    """Every ``werk`` command imports every command module: none of them may pull in an event
+    loop, the HTTP stack, an HTTP client or a table renderer at import time (each costs tens of
+    milliseconds of every command's start; docs/performance.md, "CLI start-up")."""
+    heavy = ("asyncio", "anyio", "uvicorn", "starlette", "httpx", "rich", "psutil", "pydantic")
+    probe = f"import sys, werk.cli; print(sorted(set({heavy!r}) & set(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

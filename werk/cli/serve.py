@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import signal
@@ -10,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
 import typer
 
 from ..protocol import (
@@ -266,6 +264,8 @@ def serve(
             log_level=log_level,
         )
 
+    import anyio  # here, not at module level: every werk command imports this module
+
     anyio.run(_serve, service, http_server)
 
 
@@ -275,6 +275,10 @@ async def _serve(service: LocalControlService, http_server: Callable[[], uvicorn
     lifespan closes ``service``, which cancels a preload still running first. The preload is a
     plain task, not a task group's: uvicorn's own exit (``SystemExit`` when the port is taken)
     must reach the CLI as it is, not wrapped in an exception group."""
+    import asyncio
+
+    import anyio
+
     preloading = asyncio.ensure_future(service.preload())
     try:
         server = await anyio.to_thread.run_sync(http_server)
