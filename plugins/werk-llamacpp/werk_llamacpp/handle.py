@@ -40,8 +40,8 @@ class LlamaHandle:
 
     :ivar base_url: ``http://127.0.0.1:<port>`` of the child (loopback only).
     :ivar api_key: the child's random per-spawn API key (sent as ``Authorization: Bearer``).
-    :ivar http: the host's pooled loopback client bound to the child (its key already set):
-        every ``/slots``, ``/tokenize`` and slot-bound ``/completion`` request goes through it.
+    :ivar http: a :class:`werk.LoopbackClient` bound to the child (its key already set): every
+        ``/slots``, ``/tokenize`` and slot-bound ``/completion`` request goes through it.
     :ivar pid: the child's process id.
     :ivar generation: ``g_<hex>``, random per spawn (the same as ``Runtime.generation``).
     :ivar slot_dir: the private (0700) ``--slot-save-path`` directory of this child.

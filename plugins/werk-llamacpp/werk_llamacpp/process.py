@@ -75,6 +75,7 @@ from .inspect import (
     verify_unchanged,
 )
 from .probe import start_early_probe
+from .slots import INFERENCE_TIMEOUT
 
 __all__ = [
     "Child",
@@ -270,7 +271,7 @@ class ManagedHandle(LlamaHandle):
 
     :ivar child: the process.
     :ivar v1: the host's pooled loopback client for the ``/v1`` relay (the hot path; the
-        proxy's one retry goes through it on a new connection); the same object as ``http``.
+        proxy's one retry goes through it on a new connection).
     :ivar inspection: the executable's inspection (``flags``, ``version``, ``sha256``).
     :ivar model_alias: the model name the child expects in ``/v1`` bodies.
     :ivar n_ctx: the context of one slot (``/props``).
@@ -292,8 +293,7 @@ class ManagedHandle(LlamaHandle):
 
 
 def _relay_client(port: int, api_key: str) -> LoopbackClient:
-    """The host's loopback client to the child: the ``/v1`` relay, readiness (``/health``,
-    ``/props``) and every state-slot request (``LlamaHandle.http`` is the same client)."""
+    """The ``/v1`` relay client (also used for readiness: ``/health``, ``/props``)."""
     return LoopbackClient(
         "127.0.0.1",
         port,
@@ -302,6 +302,22 @@ def _relay_client(port: int, api_key: str) -> LoopbackClient:
         write_timeout=60.0,
         read_timeout=600.0,
         max_idle=16,
+    )
+
+
+def _control_client(port: int, api_key: str) -> LoopbackClient:
+    """The client for state-slot requests (``LlamaHandle.http``: ``/slots``, ``/tokenize``,
+    slot-bound ``/completion``). Its own pool, and a read wait as long as the longest call's
+    bound (a non-streamed prefill of a long prompt sends nothing until it is done); each call
+    is bounded by its own timeout (:func:`werk_llamacpp.slots.llama_json`)."""
+    return LoopbackClient(
+        "127.0.0.1",
+        port,
+        headers={"Authorization": f"Bearer {api_key}"},
+        connect_timeout=10.0,
+        write_timeout=60.0,
+        read_timeout=INFERENCE_TIMEOUT,
+        max_idle=4,
     )
 
 
@@ -454,6 +470,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         if prepared is not None:
             prepared.close()
         raise
+    control = _control_client(child.port, api_key)
     try:
         total_slots, n_ctx, alias = await _props(relay)
         await verify_unchanged(inspection, digest)
@@ -469,7 +486,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         handle = ManagedHandle(
             base_url=f"http://127.0.0.1:{child.port}",
             api_key=api_key,
-            http=relay,
+            http=control,
             pid=child.pid,
             generation=generation,
             slot_dir=slot_dir,
@@ -511,7 +528,7 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
     except BaseException:
         child.kill_now()
         with anyio.CancelScope(shield=True):
-            await _close(relay)
+            await _close(control, relay)
         child.remove_dir()
         if prepared is not None:
             prepared.close()
@@ -568,6 +585,6 @@ async def stop_runtime(runtime: Runtime) -> None:
         code = await handle.child.terminate()
         if handle.prepared is not None:
             handle.prepared.close()  # before the host's model file-cache release
-        await _close(handle.v1)  # also handle.http: the same client
+        await _close(handle.http, handle.v1)
         await anyio.to_thread.run_sync(handle.child.remove_dir)
     log.info("llama-server %s (generation %s) stopped (%s)", handle.pid, handle.generation, code)
