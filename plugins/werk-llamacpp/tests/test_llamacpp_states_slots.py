@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from test_llamacpp_states_support import loopback_to
 from werk_llamacpp.handle import LlamaHandle
@@ -106,6 +107,7 @@ class _Server:
     def __init__(self, actions: list[str]) -> None:
         self.actions = actions
         self.requests = 0
+        self.released = threading.Event()
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -133,6 +135,9 @@ class _Server:
                     action = self.actions.pop(0)
                     if action == "drop":
                         break  # close without a response byte
+                    if action == "silent":
+                        self.released.wait(10)  # answer nothing until the test is done
+                        break
                     status, body = action.split(" ", 1)
                     conn.sendall(
                         f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
@@ -140,6 +145,7 @@ class _Server:
                     )
 
     def close(self) -> None:
+        self.released.set()
         self.sock.close()
         self.thread.join(timeout=5)
 
@@ -199,3 +205,16 @@ async def test_a_dead_child_is_unavailable(tmp_path: Path) -> None:
     async with _client(url) as http:
         with pytest.raises(Unavailable, match="not answering"):
             await llama_json(_handle(url, tmp_path, http), "GET", "/", "x")
+
+
+async def test_a_call_is_bounded_by_its_own_timeout(
+    tmp_path: Path, server_factory: list[_Server]
+) -> None:
+    """The server reads the request and says nothing: the call fails after its own bound (not
+    the client's read wait, which is as long as a prefill may take)."""
+    server = _Server(["silent"])
+    server_factory.append(server)
+    async with _client(server.url) as http:
+        with anyio.fail_after(5), pytest.raises(BackendError, match="did not finish x in time"):
+            await llama_json(_handle(server.url, tmp_path, http), "GET", "/", "x", timeout=0.3)
+    assert server.requests == 1  # a timeout is not retried
