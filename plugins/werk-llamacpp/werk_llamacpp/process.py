@@ -292,17 +292,21 @@ class ManagedHandle(LlamaHandle):
     early_probe: asyncio.Task[ProbeResult] | None = field(default=None, kw_only=True)
 
 
-def _relay_client(port: int, api_key: str) -> LoopbackClient:
-    """The ``/v1`` relay client (also used for readiness: ``/health``, ``/props``)."""
+def _child_client(port: int, api_key: str, *, read_timeout: float, max_idle: int) -> LoopbackClient:
     return LoopbackClient(
         "127.0.0.1",
         port,
         headers={"Authorization": f"Bearer {api_key}"},
         connect_timeout=10.0,
         write_timeout=60.0,
-        read_timeout=600.0,
-        max_idle=16,
+        read_timeout=read_timeout,
+        max_idle=max_idle,
     )
+
+
+def _relay_client(port: int, api_key: str) -> LoopbackClient:
+    """The ``/v1`` relay client (also used for readiness: ``/health``, ``/props``)."""
+    return _child_client(port, api_key, read_timeout=600.0, max_idle=16)
 
 
 def _control_client(port: int, api_key: str) -> LoopbackClient:
@@ -310,15 +314,7 @@ def _control_client(port: int, api_key: str) -> LoopbackClient:
     slot-bound ``/completion``). Its own pool, and a read wait as long as the longest call's
     bound (a non-streamed prefill of a long prompt sends nothing until it is done); each call
     is bounded by its own timeout (:func:`werk_llamacpp.slots.llama_json`)."""
-    return LoopbackClient(
-        "127.0.0.1",
-        port,
-        headers={"Authorization": f"Bearer {api_key}"},
-        connect_timeout=10.0,
-        write_timeout=60.0,
-        read_timeout=INFERENCE_TIMEOUT,
-        max_idle=4,
-    )
+    return _child_client(port, api_key, read_timeout=INFERENCE_TIMEOUT, max_idle=4)
 
 
 PROPS_LIMIT_BYTES = 16 << 20
