@@ -520,7 +520,13 @@ def test_killed_runtime_old_state_incompatible_and_respawn(
     error(http.post(f"{P}/decode", json={"handoff": made.handoff.token}), 410, "invalid_handoff")
 
     required = prefill(http, "victim", prompt, policy={"retention": "disk", "reuse": "required"})
-    error(required, 409, "incompatible_state")  # it exists, but for a dead generation
+    # It exists, but for a dead generation, and the new one does not claim cross-restart
+    # restore: the refusal names that row and gives its reason.
+    message = error(
+        required, 409, "incompatible_state", capability="runtime.state.restore.cross_restart"
+    ).message
+    assert "cannot be restored into the running one: cross-restart restore is" in message
+    assert "testkv states are bound to one in-process runtime generation" in message
     new_generation = generation_of(http, "victim")  # that request respawned the runtime
     assert new_generation != old_generation
     never_seen = prefill(http, "victim", "never seen", policy={"reuse": "required"})

@@ -144,7 +144,13 @@ class PrefillFlow:
         for stored_state in stored:
             if not stored_state.envelope.compatible_with(envelope, across_generations=True):
                 continue
-            if not await self._may_restore_across(runtime, allow_experimental):
+            why_not = await self._why_not_across(runtime, allow_experimental)
+            if why_not is not None:
+                refusal = IncompatibleState(
+                    "a stored state of an earlier process generation exists for this prompt, "
+                    f"but it cannot be restored into the running one: {why_not}",
+                    capability=CapabilityId.STATE_RESTORE_CROSS_RESTART,
+                )
                 break
             try:
                 live = await self._restore(principal, stored_state.id, runtime)
@@ -158,24 +164,33 @@ class PrefillFlow:
             return envelopes, reused, None
         return envelopes, None, refusal
 
-    async def _may_restore_across(self, runtime: Runtime, allow_experimental: bool) -> bool:
-        """Whether to hand an earlier generation's disk state to the backend: its cross-restart
-        row is ``experimental`` (or ``supported``) for this generation, or — with the opt-in —
-        both that row and ``runtime.state.restore`` are ``unavailable`` because the backend's
-        proof runs on first use (the backend then checks, and refuses with
-        ``incompatible_state``). A backend whose restore works but whose cross-restart row is
-        not a claim never gets such a state."""
+    async def _why_not_across(self, runtime: Runtime, allow_experimental: bool) -> str | None:
+        """``None`` when an earlier generation's disk state may be handed to the backend: its
+        cross-restart row is ``experimental`` (or ``supported``) for this generation, or — with
+        the opt-in — both that row and ``runtime.state.restore`` are ``unavailable`` because the
+        backend's proof runs on first use (the backend then checks, and refuses with
+        ``incompatible_state``). Otherwise why not, from the row: a backend whose restore works
+        but whose cross-restart row is not a claim never gets such a state."""
         rows = await self.s.rows_for(runtime.model, runtime)
         cross = status_of(rows, CapabilityId.STATE_RESTORE_CROSS_RESTART)
         restore = status_of(rows, CapabilityId.STATE_RESTORE)
-        if cross is None or restore is None or not allow_experimental:
-            return cross is not None and cross.status is CapabilityStatus.SUPPORTED
-        if cross.status in (CapabilityStatus.SUPPORTED, CapabilityStatus.EXPERIMENTAL):
-            return True
-        return (
-            cross.status is CapabilityStatus.UNAVAILABLE
-            and restore.status is CapabilityStatus.UNAVAILABLE
-        )
+        if cross is None:
+            return "the backend does not report cross-restart restore"
+        if cross.status is CapabilityStatus.SUPPORTED:
+            return None
+        if restore is not None and allow_experimental:
+            if cross.status is CapabilityStatus.EXPERIMENTAL:
+                return None
+            if (
+                cross.status is CapabilityStatus.UNAVAILABLE
+                and restore.status is CapabilityStatus.UNAVAILABLE
+            ):
+                return None
+        if cross.status is CapabilityStatus.EXPERIMENTAL and not allow_experimental:
+            return "cross-restart restore is experimental and the request did not opt in"
+        if restore is None:
+            return "the backend reports no runtime.state.restore row"
+        return f"cross-restart restore is {cross.status.value}: {cross.reason or 'no reason given'}"
 
     async def _restore(self, principal: str, state_id: str, runtime: Runtime) -> BackendState:
         """Hand a hash-verified payload to the backend and mark it loaded only on success.

@@ -7,7 +7,8 @@ the demo model over HTTP:
   the greedy decode equals the one before the restart;
 * ``runtime.state.restore.cross_restart`` per condition: no earlier generation (the first
   server), probe passed (after a restart: the early probe of the preloaded generation proves
-  it before any request), probe failed (a corrupted canary);
+  it before any request), probe failed (a corrupted canary: the required reuse is refused
+  with the row's reason);
 * a changed envelope — another ``--ctx-size`` or a replaced executable with another
   fingerprint — is ``incompatible_state``, and the state is listed ``reusable: false`` with the
   reason.
@@ -184,18 +185,23 @@ def test_a_corrupted_canary_fails_the_proof(home: Path) -> None:
     data[len(data) // 2] ^= 0xFF
     slot_file.write_bytes(bytes(data))
     with serve(home) as second, second.client() as client:
-        refused = prefill(client, DISK_REQUIRED)
-        assert refused.status_code == 409, refused.text
-        error = refused.json()["error"]
-        assert error["code"] == "incompatible_state"
-        assert "does not match its recorded digest" in error["message"]
-        [figures] = client.get("/werk/v1/stats").json()["models"]
-        assert figures["restores"] == {"attempted": 1, "verified": 0, "refused": 1}
+        # The preloaded generation's early probe finds the canary and fails the proof.
+        e2e._wait_for(
+            lambda: "recorded digest" in (cross_row(client)["reason"] or ""), "the early probe", 60
+        )
         row = cross_row(client)
         assert row["status"] == "unavailable"
         assert "does not match its recorded digest" in row["reason"]
         state = listed(client, state_id)
         assert state["reusable"] is False
+        refused = prefill(client, DISK_REQUIRED)
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "incompatible_state"
+        assert error["capability"] == CROSS
+        assert "does not match its recorded digest" in error["message"]
+        # Refused by the host from that row: the state was never handed to the backend.
+        assert client.get("/werk/v1/stats").json()["models"] == []
     # The failed proof left this generation's own canary: the next restart proves again.
     with serve(home) as third:
         reuse_after_restart(third, state_id, expected)
