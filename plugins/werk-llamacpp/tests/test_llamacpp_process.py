@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -354,3 +355,52 @@ def test_children_die_with_a_sigkilled_parent(home: Path, model: Path, tmp_path:
             helper.stdout.close()
         if child_pid is not None and not gone(child_pid):
             os.kill(child_pid, signal.SIGKILL)
+
+
+@pytest.mark.anyio
+async def test_a_restart_probes_early_and_a_chat_reserves_the_state_slot_after_it(
+    home: Path, model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first generation leaves a canary; the next one probes as soon as it is ready (no
+    Prefill), and ``werk chat``'s native cache, which takes the state slot without the probe,
+    reserves it only after the early probe (which takes and retires the slot) is done. Reading
+    the canary is slowed down so that the chat would otherwise take the slot first."""
+    from test_llamacpp_chat_snapshots import NativeDir
+    from werk_llamacpp import probe
+    from werk_llamacpp.chat_snapshots.hook import open_chat_cache
+    from werk_llamacpp.probe import ensure_probed
+    from werk_llamacpp.slots import allocator_for
+
+    load_canary = probe.load_canary
+
+    def slow_load_canary(lineage: str) -> object:
+        time.sleep(0.5)
+        return load_canary(lineage)
+
+    monkeypatch.setattr(probe, "load_canary", slow_load_canary)
+
+    from werk import NativeContext
+
+    first = await start_runtime(spec_for(model))
+    try:
+        assert isinstance(first.handle, ManagedHandle) and first.handle.early_probe is not None
+        assert (await first.handle.early_probe).status is ProbeStatus.NOT_RUN  # no canary yet
+        assert (await ensure_probed(first.handle)).status is ProbeStatus.PASSED  # leaves one
+    finally:
+        await stop_runtime(first)
+    second = await start_runtime(spec_for(model))
+    handle = second.handle
+    assert isinstance(handle, ManagedHandle) and handle.early_probe is not None
+    phases: list[str] = []
+    try:
+        context = NativeContext(
+            runtime=second, native_dir=NativeDir(tmp_path / "native"), phase=phases.append
+        )
+        cache = await open_chat_cache(second, context)
+        assert handle.early_probe.done()
+        assert handle.cross_restart.status is ProbeStatus.PASSED, handle.cross_restart.reason
+        assert cache is not None, phases
+        assert allocator_for(handle).current(cache.slot, cache.epoch)  # not retired by the probe
+        await cache.close()
+    finally:
+        await stop_runtime(second)

@@ -3,6 +3,7 @@ the :class:`~.cache.LlamaChatCache` that provides them when they can."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import anyio
@@ -31,6 +32,10 @@ async def open_chat_cache(runtime: Runtime, context: NativeContext) -> NativeCha
     phase = context.phase
     if not isinstance(handle, ManagedHandle) or not check_alive(runtime):
         return None
+    if handle.early_probe is not None:
+        # The state probe started early (an earlier generation left a canary) takes the state
+        # slot while it runs and retires it after: reserve the slot for this chat only then.
+        await asyncio.wait({handle.early_probe})
     inspection = handle.inspection
     phase(
         f"runtime inspection: llama-server {inspection.version}, sha256 {inspection.sha256[:12]}…"
