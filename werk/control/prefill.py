@@ -176,21 +176,23 @@ class PrefillFlow:
         restore = status_of(rows, CapabilityId.STATE_RESTORE)
         if cross is None:
             return "the backend does not report cross-restart restore"
+        why = f"cross-restart restore is {cross.status.value}: {cross.reason or 'no reason given'}"
         if cross.status is CapabilityStatus.SUPPORTED:
             return None
-        if restore is not None and allow_experimental:
+        if not allow_experimental:
             if cross.status is CapabilityStatus.EXPERIMENTAL:
-                return None
-            if (
-                cross.status is CapabilityStatus.UNAVAILABLE
-                and restore.status is CapabilityStatus.UNAVAILABLE
-            ):
-                return None
-        if cross.status is CapabilityStatus.EXPERIMENTAL and not allow_experimental:
-            return "cross-restart restore is experimental and the request did not opt in"
+                return "cross-restart restore is experimental and the request did not opt in"
+            return why
         if restore is None:
             return "the backend reports no runtime.state.restore row"
-        return f"cross-restart restore is {cross.status.value}: {cross.reason or 'no reason given'}"
+        if cross.status is CapabilityStatus.EXPERIMENTAL:
+            return None
+        if (
+            cross.status is CapabilityStatus.UNAVAILABLE
+            and restore.status is CapabilityStatus.UNAVAILABLE
+        ):
+            return None  # the backend proves it on first use, and refuses if it cannot
+        return why
 
     async def _restore(self, principal: str, state_id: str, runtime: Runtime) -> BackendState:
         """Hand a hash-verified payload to the backend and mark it loaded only on success.

@@ -51,7 +51,9 @@ pass.
 when an earlier generation of the same lineage left a canary — a restart of a server whose
 states were used — :func:`start_early_probe` runs it in the background as soon as the child is
 ready, so a restored state's first request does not wait for the proof. ``/v1`` requests never
-wait for it (they use the general slots); a stop cancels it.
+wait for it (they use the general slots; they share the CPU with it meanwhile); ``werk chat``'s
+native cache, which reserves the state slot without running the probe, waits for it (the probe
+takes the slot and retires it); a stop cancels it.
 
 The slot is erased and the files deleted afterwards, pass or fail.
 """
@@ -105,10 +107,10 @@ PROBE_CANDIDATES = 8
 """Candidates (``n_probs``) of the generated token compared between a run and its replay."""
 
 LOGPROB_TOLERANCE = 1e-4
-"""How far a replayed candidate's log-probability may be from the first run's. The same
-computation on the same bytes gave the same bits in every replay seen here; the margin is for a
-kernel that splits a reduction differently, and lies far below what a changed input moves (one
-other prompt token moved the tiny demo model's candidates by 0.008 to 0.04)."""
+"""How far a replayed candidate's log-probability may be from the first run's. Two identical
+requests to this llama-server build gave identical values (checked by hand with ``n_probs`` on
+the tiny demo model); the margin is for a kernel that splits a reduction differently, and lies
+far below what a changed input moved there (one other prompt token: 0.008 to 0.04)."""
 
 PROBE_TEXT = "Werk "
 """With a random 6-hex-digit nonce appended: a prompt no slot of this process has seen (the
