@@ -333,14 +333,24 @@ WHOLE_TREE = (
 )
 
 
-@pytest.mark.parametrize("args", [("serve", "--help"), ("plugins", "--help"), ("serve", "--nope")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("serve", "--help"),
+        ("plugins", "--help"),
+        ("serve", "--nope"),
+        ("runtime", "--help"),
+        ("jobs", "list", "--help"),
+        ("ps", "--help"),
+    ],
+)
 def test_an_own_command_is_built_alone_and_behaves_the_same(
     args: tuple[str, ...], tmp_path: Path, werk_home: Path
 ) -> None:
-    """``werk serve ...`` (any of Werk's own top-level commands named first) builds that command
-    alone, for start-up time: the plugins' commands are not loaded (a plugin that fails to add
-    them is not even asked), and the help, the output and the exit status are those of the
-    whole command tree."""
+    """``werk serve ...`` (any of Werk's own top-level commands or groups named first) imports its
+    module only and builds that command alone, for start-up time: the plugins' commands are not
+    loaded (a plugin that fails to add them is not even asked), and the help, the output and
+    the exit status are those of the whole command tree."""
     site = _site_with(tmp_path, werk_broken=BROKEN_COMMANDS_PLUGIN)
     alone = run(*args, home=werk_home, PYTHONPATH=str(site))
     env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
@@ -360,12 +370,47 @@ def test_an_own_command_is_built_alone_and_behaves_the_same(
 
 
 def test_the_command_line_imports_no_runtime_stack() -> None:
-    """Every ``werk`` command imports every command module: none of them may pull in an event
-    loop, the HTTP stack, an HTTP client or a table renderer at import time (each costs tens of
+    """``werk --help`` imports every command module: none of them may pull in an event loop, the
+    HTTP stack, an HTTP client or a table renderer at import time (each costs tens of
     milliseconds of every command's start; docs/performance.md, "CLI start-up")."""
     heavy = ("asyncio", "anyio", "uvicorn", "starlette", "httpx", "rich", "psutil", "pydantic")
-    probe = f"import sys, werk.cli; print(sorted(set({heavy!r}) & set(sys.modules)))"
+    probe = (
+        f"import sys; from werk.cli import app; print(sorted(set({heavy!r}) & set(sys.modules)))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_command_module_table_matches_the_whole_tree() -> None:
+    """``werk.cli.main`` imports only the module its table names for the command given: the
+    table must name every own top-level command and group, and the module that registers it."""
+    probe = (
+        "import json, sys\n"
+        "from werk.cli import OWN_COMMAND_MODULES, app\n"
+        "from werk.cli import _name_of\n"
+        "found = {}\n"
+        "for info in app.registered_commands:\n"
+        "    found[_name_of(info)] = [info.callback.__module__]\n"
+        "for group in app.registered_groups:\n"
+        "    commands = group.typer_instance.registered_commands\n"
+        "    found[group.name] = sorted({c.callback.__module__ for c in commands})\n"
+        "print(json.dumps([found, OWN_COMMAND_MODULES]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    found, table = msgspec.json.decode(done.stdout)
+    assert set(found) == set(table)
+    for name, modules in found.items():
+        package = f"werk.cli.{table[name]}"
+        assert all(m == package or m.startswith(package + ".") for m in modules), (name, modules)
+
+
+def test_import_werk_cli_imports_no_command_module() -> None:
+    probe = "import sys, werk.cli; print(sorted(m for m in sys.modules if 'werk.cli.' in m))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "['werk.cli.plugin_commands']"

@@ -3,6 +3,9 @@ and the real host sample against psutil on this machine."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -222,3 +225,30 @@ def test_real_host_sample_matches_psutil() -> None:
     low = min(before.available, after.available) - 64 * (1 << 20)
     high = max(before.available, after.available) + 64 * (1 << 20)
     assert low <= host.available_bytes <= high
+
+
+def test_the_real_sample_imports_pynvml_only_where_nvml_can_load() -> None:
+    """Without libnvidia-ml (this CI machine) the sample says so in pynvml's words and pynvml
+    (about 30 ms to import) is never imported; with it, pynvml samples."""
+    script = (
+        "import ctypes, json, sys\n"
+        "from werk.memory.telemetry import NVML_LIBRARY, sample_accelerators\n"
+        "try:\n"
+        "    ctypes.CDLL(NVML_LIBRARY)\n"
+        "    present = True\n"
+        "except OSError:\n"
+        "    present = False\n"
+        "sample = sample_accelerators()\n"
+        "print(json.dumps([present, sample.reason, 'pynvml' in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    present, reason, imported = json.loads(done.stdout)
+    print(f"libnvidia-ml loadable: {present}; reason: {reason}; pynvml imported: {imported}")
+    if present:
+        assert imported
+        assert reason is None or "Library Not Found" not in reason
+    else:
+        assert reason == "NVML did not initialise: NVML Shared Library Not Found"
+        assert not imported

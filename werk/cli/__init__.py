@@ -2,8 +2,10 @@
 
 Exit codes scripts can rely on: 0 success, 1 an error Werk reported, 2 a usage error.
 
-Every ``werk`` invocation imports all command modules (typer builds the whole command tree), so
-they import at module level only typer, the protocol types their options use and the standard
+``import werk.cli`` imports no command module: :data:`app` (the whole command tree) imports them
+all on first access, and :func:`main` imports only the module of the top-level command it was
+given (``werk serve`` does not import the chat, cache or runtime commands). Command modules
+import at module level only typer, the protocol types their options use and the standard
 library; everything else is imported inside the command that uses it
 (``benchmarks/cli_start.py`` measures what that buys).
 """
@@ -11,41 +13,86 @@ library; everything else is imported inside the command that uses it
 from __future__ import annotations
 
 import copy
+import importlib
 import sys
+from typing import TYPE_CHECKING, Any
 
-from typer.models import CommandInfo
-
-from . import backends, cache, chat, jobs, local, runtime, serve  # noqa: F401  (registers the commands)
-from ._app import app
-from .models import models_app
 from .plugin_commands import register_plugin_commands
 
-__all__ = ["app", "main", "models_app"]
+if TYPE_CHECKING:
+    import typer
+
+__all__ = ["app", "main", "models_app", "register_plugin_commands"]
+
+OWN_COMMAND_MODULES: dict[str, str] = {
+    "backends": "backends",
+    "cache": "cache",
+    "capabilities": "local",
+    "chat": "chat",
+    "jobs": "jobs",
+    "models": "models",
+    "plugins": "local",
+    "ps": "runtime",
+    "run": "chat",
+    "runtime": "runtime",
+    "serve": "serve",
+}
+"""Each of Werk's own top-level commands and groups → the ``werk.cli`` module registering it
+(``tests/test_cli.py`` checks this against the whole tree)."""
+
+PLUGIN_EXTENSIBLE = frozenset({"models"})
+"""Own groups that ``werk_register_commands`` may add to: named first, they still load the
+plugins' commands."""
+
+
+def _whole_tree() -> typer.Typer:
+    for module in sorted(set(OWN_COMMAND_MODULES.values())):
+        importlib.import_module(f"{__name__}.{module}")
+    from ._app import app as root
+
+    return root
+
+
+def __getattr__(name: str) -> Any:
+    """``app`` (the whole tree, without plugin commands) and ``models_app``, built on access."""
+    if name == "app":
+        return _whole_tree()
+    if name == "models_app":
+        _whole_tree()
+        from .models import models_app
+
+        return models_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     """Console-script entry point: plugin commands are added, then the CLI runs.
 
-    When the first argument names one of Werk's own top-level commands (``werk serve ...``), the
-    command tree is built with that command alone: typer turns every registered command's
-    signature into click parameters before it parses anything (about 40 ms for all of them,
-    plus loading the plugins' commands), and ``werk serve``'s start-up waits for it. Anything
-    else (``werk``, ``--help``, a group, a plugin's command, a typo) gets the whole tree."""
-    only = _own_command(sys.argv[1] if len(sys.argv) > 1 else "")
-    if only is None:
+    When the first argument names one of Werk's own top-level commands or groups (``werk serve
+    ...``), only its module is imported and the command tree is built with it alone: typer
+    turns every registered command's signature into click parameters before it parses anything
+    (about 40 ms for all of them, plus loading the plugins' commands), and ``werk serve``'s
+    start-up waits for it. Anything else (``werk``, ``--help``, a plugin's command, a typo)
+    gets the whole tree with the plugins' commands, as does a group plugins may add to."""
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    module = OWN_COMMAND_MODULES.get(name)
+    if module is None or name in PLUGIN_EXTENSIBLE:
+        root = _whole_tree()
         register_plugin_commands()
-        app()
+        root()
         return
-    alone = copy.copy(app)
-    alone.registered_commands = [only]
-    alone.registered_groups = []
+    importlib.import_module(f"{__name__}.{module}")
+    from ._app import app as root
+
+    alone = copy.copy(root)
+    alone.registered_commands = [c for c in root.registered_commands if _name_of(c) == name]
+    alone.registered_groups = [g for g in root.registered_groups if g.name == name]
     alone()
 
 
-def _own_command(name: str) -> CommandInfo | None:
-    for info in app.registered_commands:
-        callback = info.callback
-        own = info.name or (callback.__name__.lower().replace("_", "-") if callback else None)
-        if own == name and not info.hidden:
-            return info
-    return None
+def _name_of(info: Any) -> str | None:
+    """A registered command's name as typer derives it (``info``: a ``CommandInfo``)."""
+    callback = info.callback
+    if info.hidden:
+        return None
+    return info.name or (callback.__name__.lower().replace("_", "-") if callback else None)

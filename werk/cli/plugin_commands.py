@@ -6,9 +6,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ._app import app
-from .models import models_app
-
 if TYPE_CHECKING:
     from ..plugins import WerkPluginManager
 
@@ -18,16 +15,22 @@ __all__ = ["register_plugin_commands"]
 def register_plugin_commands(
     pm: WerkPluginManager | None = None,
     *,
-    root: typer.Typer = app,
-    models: typer.Typer = models_app,
+    root: typer.Typer | None = None,
+    models: typer.Typer | None = None,
 ) -> None:
     """Call every loaded plugin's ``werk_register_commands``; a raising plugin is reported on
     stderr and skipped.
 
     :param pm: the plugin manager (default: a new one loading the entry points).
-    :param root: the ``werk`` application; ``models``: its ``werk models`` group.
+    :param root: the ``werk`` application; ``models``: its ``werk models`` group (defaults:
+        Werk's own).
     """
     from ..plugins import get_plugin_manager
+    from ._app import app
+    from .models import models_app
+
+    root = app if root is None else root
+    models = models_app if models is None else models
 
     pm = pm if pm is not None else get_plugin_manager()
     for name, plugin in pm.implementers("werk_register_commands"):

@@ -19,7 +19,6 @@ from .errors import error_response
 from .guard import admit
 from .metrics import HttpMetrics, MetricsMiddleware, metrics_endpoint
 from .openai import openai_routes
-from .openapi import openapi_document
 from .requests import RequestFramingMiddleware, RequestIdMiddleware
 from .routes import werk_routes
 
@@ -33,7 +32,7 @@ def build_app(
     and then closes ``control`` (stopping every runtime). ``metrics_public``: a loopback client
     may scrape ``/metrics`` without a key (``werk serve --metrics-public``)."""
     http_metrics = HttpMetrics()
-    document = encode(openapi_document())
+    document = _OpenAPIDocument()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -51,7 +50,7 @@ def build_app(
             admit(request, auth)
         except Exception as exc:
             return error_response(request, exc)
-        return Response(document, media_type="application/json")
+        return Response(await document.encoded(), media_type="application/json")
 
     async def http_error(request: Request, exc: Exception) -> Response:
         return error_response(request, exc)
@@ -74,3 +73,24 @@ def build_app(
     app.add_middleware(RequestFramingMiddleware)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so every answer has an id
     return app
+
+
+class _OpenAPIDocument:
+    """The OpenAPI document, generated on its first request (in a worker thread: msgspec's
+    schema generation takes tens of milliseconds that ``werk serve``'s start-up need not wait
+    for) and kept for the server's lifetime. Two first requests at once both generate it; the
+    documents are equal."""
+
+    def __init__(self) -> None:
+        self._encoded: bytes | None = None
+
+    async def encoded(self) -> bytes:
+        if self._encoded is None:
+            self._encoded = await anyio.to_thread.run_sync(_generate_openapi)
+        return self._encoded
+
+
+def _generate_openapi() -> bytes:
+    from .openapi import openapi_document
+
+    return encode(openapi_document())

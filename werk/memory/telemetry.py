@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import platform
 import re
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -163,7 +164,25 @@ class AcceleratorSample:
     failed: bool = False
 
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+"""The library pynvml loads on Linux (``pynvml._LoadNvmlLibrary``)."""
+
+
+class NVMLLibraryMissing(Exception):
+    """pynvml would fail to load NVML: raised before importing pynvml (about 30 ms) for nothing."""
+
+    def __str__(self) -> str:
+        return "NVML Shared Library Not Found"  # pynvml's own text for this case
+
+
 def _load_nvml() -> ModuleType:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(NVML_LIBRARY)  # what pynvml's first nvmlInit does; cheap when absent
+        except OSError:
+            raise NVMLLibraryMissing from None
     import pynvml
 
     module: ModuleType = pynvml
@@ -209,6 +228,8 @@ def sample_accelerators(nvml: Any = None) -> AcceleratorSample:
         lib = nvml if nvml is not None else _load_nvml()
     except ImportError as exc:
         return AcceleratorSample(None, f"pynvml is not importable: {exc}")
+    except NVMLLibraryMissing as exc:
+        return AcceleratorSample(None, f"NVML did not initialise: {_nvml_text(exc)}")
     try:
         _nvml_ready(lib)
     except Exception as exc:
