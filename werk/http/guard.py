@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-
-from starlette.requests import Request
+from typing import TYPE_CHECKING
 
 from ..protocol import AuthMode, InvalidRequest
 from .auth import Authenticator
+
+if TYPE_CHECKING:  # not at run time: `werk serve` checks its bind address before starlette loads
+    from starlette.requests import Request
 
 __all__ = ["admit", "is_loopback_host"]
 
