@@ -271,6 +271,88 @@ async def test_a_pooled_connection_the_server_closed_is_not_used(server: Server)
     assert server.connections == 2
 
 
+@pytest.mark.anyio
+async def test_a_spare_connection_spares_the_next_request_a_connect(server: Server) -> None:
+    """Like llama-server after a streamed response, this server closes every connection after
+    its response: with ``spare=1`` the next request goes out on a connection made before it was
+    asked for (so it waits for no connect), and the spare is replaced after each use."""
+    accepted: list[float] = []
+    handle = server.handle
+
+    async def counting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(asyncio.get_running_loop().time())
+        await handle(reader, writer)
+
+    server.handle = counting  # type: ignore[method-assign]
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    server.port = listener.sockets[0].getsockname()[1]
+    answer = raw(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx", close=True)
+    server.script = [answer, answer, answer]
+    client = client_for(server, spare=1)
+    try:
+        assert await fetch(client) == b"x"
+        await asyncio.sleep(0.1)
+        assert len(accepted) == 2  # the request's connection and the spare
+        asked = asyncio.get_running_loop().time()
+        assert await fetch(client) == b"x"
+        assert server.connections >= 2 and accepted[1] < asked  # made before it was asked for
+        await asyncio.sleep(0.1)
+        assert len(accepted) == 3 and client.idle_connections >= 1  # replaced after its use
+        assert await fetch(client) == b"x"
+        assert len(server.bodies) == 3
+    finally:
+        await client.aclose()
+        listener.close()
+    assert client.idle_connections == 0
+
+
+@pytest.mark.anyio
+async def test_without_a_spare_each_request_after_a_close_connects_itself(server: Server) -> None:
+    answer = raw(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx", close=True)
+    server.script = [answer, answer]
+    client = client_for(server)
+    assert await fetch(client) == b"x"
+    await asyncio.sleep(0.1)
+    assert server.connections == 1
+    assert await fetch(client) == b"x"
+    assert server.connections == 2
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_aclose_leaves_no_spare_behind() -> None:
+    """``aclose`` right after a request cancels the spare's connect or closes the spare."""
+    gate = asyncio.Event()
+    connections = 0
+
+    async def slow_accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx")
+            await writer.drain()
+            await gate.wait()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the spare: closed by aclose without a request
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(slow_accept, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    client = LoopbackClient("127.0.0.1", port, spare=1)
+    try:
+        response = await client.request("GET", "/")
+        assert await response.read(10) == b"x"
+        await client.aclose()
+        assert client.idle_connections == 0
+        with pytest.raises(NotSent, match="closed"):
+            await client.request("GET", "/")
+    finally:
+        gate.set()
+        listener.close()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=st.binary(max_size=3000),

@@ -323,6 +323,12 @@ class LoopbackClient:
     :param read_timeout: the longest wait for the next response bytes (a slow generation is
         fine as long as bytes keep coming).
     :param max_idle: idle connections kept for reuse (more are closed).
+    :param spare: connected idle connections kept ready (at most ``max_idle``): whenever a
+        request leaves fewer usable ones in the pool, one is connected in the background. A
+        server that closes the connection after every response of some kind (llama-server
+        after each streamed one) then costs the next request no connect; a spare the server
+        closed while idle (its keep-alive timeout) is replaced the same way, and one that dies
+        as a request is sent on it is a :class:`NotSent` like any pooled connection's.
     """
 
     def __init__(
@@ -335,6 +341,7 @@ class LoopbackClient:
         write_timeout: float = 60.0,
         read_timeout: float = 600.0,
         max_idle: int = 16,
+        spare: int = 0,
     ) -> None:
         self.host = host
         self.port = port
@@ -342,10 +349,12 @@ class LoopbackClient:
         self.write_timeout = write_timeout
         self.read_timeout = read_timeout
         self.max_idle = max_idle
+        self.spare = min(spare, max_idle)
         fixed = {"Host": f"{host}:{port}", "Accept-Encoding": "identity", **(headers or {})}
         self._fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed.items()).encode()
         self._idle: list[_Connection] = []
         self._closed = False
+        self._refill: asyncio.Task[None] | None = None
 
     async def request(
         self,
@@ -374,6 +383,8 @@ class LoopbackClient:
                 connection = None
         if connection is None:
             connection = await self._connect()
+        if self.spare:
+            self._keep_spare()
         head = (
             f"{method} {path} HTTP/1.1\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\n"
@@ -395,6 +406,30 @@ class LoopbackClient:
         except OSError as exc:
             raise NotSent(f"could not connect to {self.host}:{self.port}: {exc}") from None
         return connection
+
+    def _keep_spare(self) -> None:
+        """Start connecting a spare unless the pool holds enough usable idle connections (dead
+        ones are dropped from it here) or one is being connected already."""
+        if self._closed or (self._refill is not None and not self._refill.done()):
+            return
+        dead = [c for c in self._idle if not c.usable]
+        if dead:
+            self._idle = [c for c in self._idle if c.usable]
+            for connection in dead:
+                if connection.transport is not None:
+                    connection.transport.close()
+        if len(self._idle) < self.spare:
+            self._refill = asyncio.get_running_loop().create_task(self._connect_spare())
+
+    async def _connect_spare(self) -> None:
+        try:
+            connection = await self._connect()
+        except LoopbackError:
+            return  # the next request connects itself and reports what fails
+        if self._closed or len(self._idle) >= self.max_idle:
+            await connection.close()
+        else:
+            self._idle.insert(0, connection)  # warm keep-alive connections are taken first
 
     async def _response(
         self, connection: _Connection, *, no_body: bool, started: bool = False
@@ -452,6 +487,9 @@ class LoopbackClient:
     async def aclose(self) -> None:
         """Close every idle connection; the client refuses new requests afterwards."""
         self._closed = True
+        if self._refill is not None:
+            self._refill.cancel()
+            await asyncio.gather(self._refill, return_exceptions=True)
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.close()

@@ -292,7 +292,9 @@ class ManagedHandle(LlamaHandle):
     early_probe: asyncio.Task[ProbeResult] | None = field(default=None, kw_only=True)
 
 
-def _child_client(port: int, api_key: str, *, read_timeout: float, max_idle: int) -> LoopbackClient:
+def _child_client(
+    port: int, api_key: str, *, read_timeout: float, max_idle: int, spare: int = 0
+) -> LoopbackClient:
     return LoopbackClient(
         "127.0.0.1",
         port,
@@ -301,12 +303,15 @@ def _child_client(port: int, api_key: str, *, read_timeout: float, max_idle: int
         write_timeout=60.0,
         read_timeout=read_timeout,
         max_idle=max_idle,
+        spare=spare,
     )
 
 
 def _relay_client(port: int, api_key: str) -> LoopbackClient:
-    """The ``/v1`` relay client (also used for readiness: ``/health``, ``/props``)."""
-    return _child_client(port, api_key, read_timeout=600.0, max_idle=16)
+    """The ``/v1`` relay client (also used for readiness: ``/health``, ``/props``). One spare
+    connection: llama-server closes the connection after every streamed response, and the next
+    streamed request would otherwise wait for a connect (0.2-0.4 ms here)."""
+    return _child_client(port, api_key, read_timeout=600.0, max_idle=16, spare=1)
 
 
 def _control_client(port: int, api_key: str) -> LoopbackClient:
