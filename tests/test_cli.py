@@ -414,3 +414,103 @@ def test_import_werk_cli_imports_no_command_module() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "['werk.cli.plugin_commands']"
+
+
+WERK_MAIN = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('PLUGINS', sorted(m for m in sys.modules"
+    " if m.startswith('werk_')), file=sys.stderr))\n"
+    "sys.argv[0] = 'werk'\n"
+    "from werk.cli import main\n"
+    "main()\n"
+)
+
+
+def _werk_main(
+    *args: str, home: Path, **extra_env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``werk ARGS`` in-process through :func:`werk.cli.main`, and the plugin modules it
+    imported (printed at exit)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
+    env.update({"WERK_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", **extra_env})
+    done = subprocess.run(
+        [sys.executable, "-c", WERK_MAIN, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    marker = [line for line in done.stderr.splitlines() if line.startswith("PLUGINS ")]
+    assert marker, done.stderr
+    imported = msgspec.json.decode(marker[-1].removeprefix("PLUGINS ").replace("'", '"'))
+    return done, imported
+
+
+def test_help_skips_the_plugins_once_the_index_says_they_add_no_commands(
+    tmp_path: Path, werk_home: Path
+) -> None:
+    """The first ``werk --help`` loads every plugin and records that none adds commands; the
+    next ones (and ``werk models list``) import no plugin, with the same output."""
+    cache = tmp_path / "cache"
+    first, imported = _werk_main("--help", home=werk_home, WERK_CACHE_DIR=str(cache))
+    assert first.returncode == 0 and "werk_llamacpp" in " ".join(imported)
+    (index,) = msgspec.json.decode((cache / "plugin-commands.json").read_bytes())["entries"]
+    assert index["adds_commands"] is False
+    assert (cache / "plugin-commands.json").stat().st_mode & 0o777 == 0o600
+    again, imported = _werk_main("--help", home=werk_home, WERK_CACHE_DIR=str(cache))
+    assert imported == [] and (again.returncode, again.stdout) == (0, first.stdout)
+    models, imported = _werk_main("models", "list", home=werk_home, WERK_CACHE_DIR=str(cache))
+    assert models.returncode == 0 and imported == []
+    # The console script sees another import path (its bin directory first): a second entry.
+    assert run("--help", home=werk_home, WERK_CACHE_DIR=str(cache)).stdout == first.stdout
+    entries = msgspec.json.decode((cache / "plugin-commands.json").read_bytes())["entries"]
+    assert len(entries) == 2
+    _, imported = _werk_main("--help", home=werk_home, WERK_CACHE_DIR=str(cache))
+    assert imported == []
+    # A name Werk does not know loads them (it may be a plugin's command): the typo's answer.
+    typo, imported = _werk_main("srve", home=werk_home, WERK_CACHE_DIR=str(cache))
+    assert typo.returncode == 2 and "No such command" in typo.stderr and imported
+
+
+def test_a_new_plugin_with_commands_is_seen_despite_the_index(
+    tmp_path: Path, werk_home: Path
+) -> None:
+    """The index is keyed by the import path and its directories' times: a site that adds a
+    plugin with commands makes ``werk --help`` load the plugins and list the command; the index
+    then says plugins add commands, so later runs load them too."""
+    cache = tmp_path / "cache"
+    _werk_main("--help", home=werk_home, WERK_CACHE_DIR=str(cache))
+    site = _site_with(tmp_path, werk_cmds=COMMANDS_PLUGIN)
+    for _ in range(2):
+        shown, imported = _werk_main(
+            "--help", home=werk_home, WERK_CACHE_DIR=str(cache), PYTHONPATH=str(site)
+        )
+        assert shown.returncode == 0 and "hello" in shown.stdout and "werk_cmds" in imported
+    entries = msgspec.json.decode((cache / "plugin-commands.json").read_bytes())["entries"]
+    assert [e["adds_commands"] for e in entries] == [True, False]  # newest first
+
+
+def test_a_stale_or_corrupt_index_never_hides_a_plugin_command(
+    tmp_path: Path, werk_home: Path
+) -> None:
+    """An index that says "no plugin commands" for this very key (an editable plugin that
+    gained commands without a version change) still lets the plugin's commands run: a name Werk
+    does not know loads the plugins, at the top level and under ``werk models``. A corrupt
+    index is ignored."""
+    cache = tmp_path / "cache"
+    site = _site_with(tmp_path, werk_cmds=COMMANDS_PLUGIN)
+    env = {"WERK_CACHE_DIR": str(cache), "PYTHONPATH": str(site)}
+    _werk_main("--help", home=werk_home, **env)
+    index = cache / "plugin-commands.json"
+    stale = msgspec.json.decode(index.read_bytes())
+    stale["entries"][0]["adds_commands"] = False
+    index.write_bytes(msgspec.json.encode(stale))
+    hello, _ = _werk_main("hello", "--name", "x", home=werk_home, **env)
+    assert (hello.returncode, hello.stdout.strip()) == (0, "hello x from a plugin")
+    index.write_bytes(msgspec.json.encode(stale))
+    count, _ = _werk_main("models", "count-demo", home=werk_home, **env)
+    assert (count.returncode, count.stdout.strip()) == (0, "0 demo models")
+    index.write_bytes(b"{not json")
+    shown, imported = _werk_main("--help", home=werk_home, **env)
+    assert shown.returncode == 0 and "hello" in shown.stdout and "werk_cmds" in imported

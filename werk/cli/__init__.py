@@ -73,14 +73,42 @@ def main() -> None:
     turns every registered command's signature into click parameters before it parses anything
     (about 40 ms for all of them, plus loading the plugins' commands), and ``werk serve``'s
     start-up waits for it. Anything else (``werk``, ``--help``, a plugin's command, a typo)
-    gets the whole tree with the plugins' commands, as does a group plugins may add to."""
+    gets the whole tree, as does a group plugins may add to; the plugins are loaded for their
+    commands only when one may add some (:func:`_plugins_may_add_commands`)."""
     name = sys.argv[1] if len(sys.argv) > 1 else ""
     module = OWN_COMMAND_MODULES.get(name)
     if module is None or name in PLUGIN_EXTENSIBLE:
+        if not _plugins_may_add_commands(name, sys.argv[2:3]):
+            if module is None:
+                _whole_tree()()
+            else:
+                _alone(name, module)
+            return
         root = _whole_tree()
         register_plugin_commands()
         root()
         return
+    _alone(name, module)
+
+
+def _plugins_may_add_commands(name: str, sub: list[str]) -> bool:
+    """Whether the plugins must be loaded for their commands: a name Werk does not know (first,
+    or after ``models``) may be a plugin's command, or a typo answered with the whole tree's
+    suggestions; otherwise the plugin command index decides (:mod:`werk.cli.plugin_index`;
+    loading when it does not know)."""
+    if name and not name.startswith("-") and name not in OWN_COMMAND_MODULES:
+        return True
+    if name == "models" and sub and not sub[0].startswith("-"):
+        from .models import models_app
+
+        if sub[0] not in {_name_of(c) for c in models_app.registered_commands}:
+            return True
+    from .plugin_index import plugins_add_commands
+
+    return plugins_add_commands() is not False
+
+
+def _alone(name: str, module: str) -> None:
     importlib.import_module(f"{__name__}.{module}")
     from ._app import app as root
 

@@ -28,11 +28,13 @@ def register_plugin_commands(
     from ..plugins import get_plugin_manager
     from ._app import app
     from .models import models_app
+    from .plugin_index import remember_loaded
 
     root = app if root is None else root
     models = models_app if models is None else models
-
-    pm = pm if pm is not None else get_plugin_manager()
+    if pm is None:
+        pm = get_plugin_manager()
+        remember_loaded(pm)
     for name, plugin in pm.implementers("werk_register_commands"):
         try:
             pm.call_plugin(plugin, "werk_register_commands", app=root, models=models)
