@@ -514,3 +514,29 @@ def test_a_stale_or_corrupt_index_never_hides_a_plugin_command(
     index.write_bytes(b"{not json")
     shown, imported = _werk_main("--help", home=werk_home, **env)
     assert shown.returncode == 0 and "hello" in shown.stdout and "werk_cmds" in imported
+
+
+@pytest.mark.parametrize("args", [("--help",), ()])
+def test_the_top_level_help_from_the_listing_equals_the_whole_trees(
+    args: tuple[str, ...], tmp_path: Path, werk_home: Path
+) -> None:
+    """With no plugin adding commands, ``werk --help`` and ``werk`` are printed from a listing
+    of parameterless stand-ins (no command's options are converted): byte for byte the whole
+    tree's help and exit status."""
+    cache = str(tmp_path / "cache")
+    _werk_main("--help", home=werk_home, WERK_CACHE_DIR=cache)  # writes the plugin index
+    listed, imported = _werk_main(*args, home=werk_home, WERK_CACHE_DIR=cache)
+    assert imported == []  # the listing path: the index said no plugin adds commands
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
+    env.update({"WERK_HOME": str(werk_home), "NO_COLOR": "1", "COLUMNS": "200"})
+    whole = subprocess.run(
+        [sys.executable, "-c", WHOLE_TREE, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert "Commands:" in whole.stdout + whole.stderr and "serve" in whole.stdout + whole.stderr
+    assert (listed.returncode, listed.stdout) == (whole.returncode, whole.stdout)
+    assert listed.stderr.split("PLUGINS")[0] == whole.stderr
