@@ -18,13 +18,13 @@ import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from types import ModuleType
 from typing import Any, TypeVar
 
 import pluggy
 
 from . import hookspecs
+from ._entry_points import entry_points
 from .backends import (
     OPERATION_CAPABILITY,
     BackendDescriptor,
@@ -153,10 +153,9 @@ class WerkPluginManager(pluggy.PluginManager):
         """Load every allowed entry point of group ``werk``; failures become ``failed`` rows."""
         env = os.environ if environ is None else environ
         allowed = _allowed_names(env)
-        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-            dist = ep.dist
-            name = dist.name if dist is not None else ep.name
-            version = dist.version if dist is not None else None
+        for ep in sorted(entry_points(ENTRY_POINT_GROUP), key=lambda e: e.name):
+            name = ep.dist_name if ep.dist_name is not None else ep.name
+            version = ep.dist_version
             if allowed is not None and name not in allowed and ep.name not in allowed:
                 continue
             if name in self.records:
