@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ __all__ = ["admit", "is_loopback_host"]
 _LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
 
 
+@functools.lru_cache(maxsize=256)  # a client sends the same Host with every request
 def is_loopback_host(host: str) -> bool:
     """Whether ``host`` (a Host header value or bind address, port allowed) is loopback."""
     value = host.strip().lower()
