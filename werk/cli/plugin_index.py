@@ -6,8 +6,10 @@ implements ``werk_register_commands``. Whenever the plugins *are* loaded for the
 the answer is written to ``plugin-commands.json`` in the user cache directory
 (``platformdirs.user_cache_dir("werk")``, or ``WERK_CACHE_DIR``), keyed by what decides it:
 Werk's version, ``WERK_LOAD_PLUGINS``, and the import path (``sys.path``) with each directory's
-modification time. An install, removal or upgrade of any distribution changes the key (its
-``*.dist-info`` directory comes or goes), so the next command loads the plugins again.
+modification time and inode. An install, removal or upgrade of any distribution changes the key
+(its ``*.dist-info`` directory comes or goes), so the next command loads the plugins again. The
+:data:`MAX_ENTRIES` most recent keys are kept (``werk`` and ``python -m ...`` see different
+import paths).
 
 What the index cannot see: an *editable* plugin whose source gains a ``werk_register_commands``
 without a version change. Its commands still run (a command name Werk does not know always
@@ -96,8 +98,11 @@ def remember(adds_commands: bool) -> None:
     from .._fs import replace_private_file
 
     key = _key()
+    known = _entries()
+    if known and known[0].get("key") == key and known[0]["adds_commands"] is adds_commands:
+        return  # already the newest entry: nothing to write
     entries = [{"key": key, "adds_commands": adds_commands}]
-    entries += [e for e in _entries() if e.get("key") != key][: MAX_ENTRIES - 1]
+    entries += [e for e in known if e.get("key") != key][: MAX_ENTRIES - 1]
     path = index_path()
     data = msgspec.json.encode({"entries": entries})
     try:
