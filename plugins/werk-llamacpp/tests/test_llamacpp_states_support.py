@@ -17,7 +17,7 @@ import secrets
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,23 +54,29 @@ _TIMING = re.compile(
 )
 
 
-def prompt_evals(log_path: Path, slot: int, timeout: float = 30) -> list[int]:
+def prompt_evals(
+    log_path: Path, slot: int, timeout: float = 30, finished: Iterable[int] = ()
+) -> list[int]:
     """Prompt tokens llama-server computed for each finished task in ``slot``, in task order, from
     its own log (``print_timing: id  S | task T | prompt eval time = … / N tokens``): ``N`` is
     the task's ``prompt_n``, so a prefix reused from the slot shows as ``1``.
 
     The server's logger writes from its own thread, a little after the HTTP answer; the log is
-    read once every launched task has its timing line (bounded wait, then a loud failure).
+    read once every launched task, and every task id in ``finished`` (known finished from the
+    server itself, e.g. ``/slots``: a task whose lines were not written yet at all is not
+    "launched" in the log either), has its timing line (bounded wait, then a loud failure).
     """
     deadline = time.monotonic() + timeout
+    required = set(finished)
     while True:
         text = log_path.read_text(errors="replace")
         launched = {int(t) for t in _LAUNCH.findall(text)}
         timed = {int(t): (int(s), int(n)) for s, t, n in _TIMING.findall(text)}
-        if launched <= timed.keys():
+        if (launched | required) <= timed.keys():
             return [n for t, (s, n) in sorted(timed.items()) if s == slot]
         if time.monotonic() > deadline:
-            raise AssertionError(f"llama-server's log never showed tasks {launched - timed.keys()}")
+            missing = (launched | required) - timed.keys()
+            raise AssertionError(f"llama-server's log never showed tasks {missing}")
         time.sleep(0.01)
 
 
@@ -111,7 +117,12 @@ class Child:
         )
 
     def prompt_evals(self, slot: int) -> list[int]:
-        return prompt_evals(self.log_path, slot)
+        """:func:`prompt_evals` once the log shows every slot's last task as ``/slots`` reports
+        it (the log can lag a whole task behind the HTTP answers)."""
+        with self.direct() as client:
+            slots = client.get("/slots").json()
+        last = [s["id_task"] for s in slots if isinstance(s.get("id_task"), int)]
+        return prompt_evals(self.log_path, slot, finished=last)
 
 
 @contextlib.contextmanager
