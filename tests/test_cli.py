@@ -47,6 +47,22 @@ def run(*args: str, home: Path, **extra_env: str) -> subprocess.CompletedProcess
     )
 
 
+def run_script(
+    script: str, *args: str, home: Path, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -c SCRIPT ARGS`` with :func:`run`'s environment (e.g. :data:`WHOLE_TREE`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
+    env.update({"WERK_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", **extra_env})
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_version(werk_home: Path) -> None:
     proc = run("--version", home=werk_home)
     assert proc.returncode == 0, proc.stderr
@@ -353,16 +369,7 @@ def test_an_own_command_is_built_alone_and_behaves_the_same(
     the exit status are those of the whole command tree."""
     site = _site_with(tmp_path, werk_broken=BROKEN_COMMANDS_PLUGIN)
     alone = run(*args, home=werk_home, PYTHONPATH=str(site))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
-    env.update({"WERK_HOME": str(werk_home), "NO_COLOR": "1", "COLUMNS": "200"})
-    whole = subprocess.run(
-        [sys.executable, "-c", WHOLE_TREE, *args],
-        capture_output=True,
-        text=True,
-        env={**env, "PYTHONPATH": str(site)},
-        timeout=120,
-        check=False,
-    )
+    whole = run_script(WHOLE_TREE, *args, home=werk_home, PYTHONPATH=str(site))
     assert "cannot add commands today" in whole.stderr  # the whole tree asked the plugin
     assert "cannot add commands today" not in alone.stderr
     assert (alone.returncode, alone.stdout) == (whole.returncode, whole.stdout)
@@ -431,16 +438,7 @@ def _werk_main(
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """``werk ARGS`` in-process through :func:`werk.cli.main`, and the plugin modules it
     imported (printed at exit)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
-    env.update({"WERK_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200", **extra_env})
-    done = subprocess.run(
-        [sys.executable, "-c", WERK_MAIN, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    done = run_script(WERK_MAIN, *args, home=home, **extra_env)
     marker = [line for line in done.stderr.splitlines() if line.startswith("PLUGINS ")]
     assert marker, done.stderr
     imported = msgspec.json.decode(marker[-1].removeprefix("PLUGINS ").replace("'", '"'))
@@ -527,16 +525,7 @@ def test_the_top_level_help_from_the_listing_equals_the_whole_trees(
     _werk_main("--help", home=werk_home, WERK_CACHE_DIR=cache)  # writes the plugin index
     listed, imported = _werk_main(*args, home=werk_home, WERK_CACHE_DIR=cache)
     assert imported == []  # the listing path: the index said no plugin adds commands
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
-    env.update({"WERK_HOME": str(werk_home), "NO_COLOR": "1", "COLUMNS": "200"})
-    whole = subprocess.run(
-        [sys.executable, "-c", WHOLE_TREE, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    whole = run_script(WHOLE_TREE, *args, home=werk_home)
     assert "Commands:" in whole.stdout + whole.stderr and "serve" in whole.stdout + whole.stderr
     assert (listed.returncode, listed.stdout) == (whole.returncode, whole.stdout)
     assert listed.stderr.split("PLUGINS")[0] == whole.stderr
