@@ -529,3 +529,12 @@ def test_the_top_level_help_from_the_listing_equals_the_whole_trees(
     assert "Commands:" in whole.stdout + whole.stderr and "serve" in whole.stdout + whole.stderr
     assert (listed.returncode, listed.stdout) == (whole.returncode, whole.stdout)
     assert listed.stderr.split("PLUGINS")[0] == whole.stderr
+
+
+def test_the_index_keys_on_the_plugin_managers_own_allow_list_variable() -> None:
+    """``werk.cli.plugin_index`` repeats ``WERK_LOAD_PLUGINS``'s name so as not to import the
+    plugin manager; the two must not drift apart."""
+    from werk.cli import plugin_index
+    from werk.plugins import LOAD_ENV
+
+    assert plugin_index.LOAD_ENV == LOAD_ENV

@@ -321,35 +321,42 @@ async def test_without_a_spare_each_request_after_a_close_connects_itself(server
 
 @pytest.mark.anyio
 async def test_aclose_leaves_no_spare_behind() -> None:
-    """``aclose`` right after a request cancels the spare's connect or closes the spare."""
-    gate = asyncio.Event()
-    connections = 0
+    """``aclose`` right after a request cancels the spare's connect or closes the spare: every
+    connection the server accepted (the request's and the spare's) ends from the client's side,
+    and the client refuses new requests."""
+    accepted = 0
+    ended: list[bool] = []
 
-    async def slow_accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
         try:
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx")
-            await writer.drain()
-            await gate.wait()
+            if await reader.readuntil(b"\r\n\r\n"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx")
+                await writer.drain()
+            ended.append(await reader.read() == b"")  # the client closed its end
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the spare: closed by aclose without a request
+            ended.append(True)  # the spare, closed (or reset) without a request
         finally:
             writer.close()
 
-    listener = await asyncio.start_server(slow_accept, "127.0.0.1", 0)
+    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     client = LoopbackClient("127.0.0.1", port, spare=1)
     try:
-        response = await client.request("GET", "/")
-        assert await response.read(10) == b"x"
+        async with await client.request("GET", "/") as response:
+            assert await response.read(10) == b"x"
+        await asyncio.sleep(0.05)  # let the spare connect: aclose must close it
         await client.aclose()
+        for _ in range(100):
+            if len(ended) == accepted:
+                break
+            await asyncio.sleep(0.01)
+        assert accepted == 2 and ended == [True, True]
         assert client.idle_connections == 0
         with pytest.raises(NotSent, match="closed"):
             await client.request("GET", "/")
     finally:
-        gate.set()
         listener.close()
 
 
