@@ -143,6 +143,13 @@ def managed_child(werk_pid: int) -> ChildInfo:
     raise RuntimeError("no llama-server child found")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -162,27 +169,40 @@ def interleaved(
     measure: Callable[[httpx.Client], float],
     rounds: int,
     warmup: int,
+    werk_pid: int,
 ) -> tuple[list[float], list[float]]:
-    """``measure`` each side in turn (Werk, direct, Werk, …) after ``warmup`` untimed pairs."""
+    """``measure`` each side in turn (Werk, direct, Werk, …) after ``warmup`` untimed pairs.
+
+    Also prints the CPU time the ``werk serve`` process spent per request through it (all its
+    threads; Werk is idle while the direct requests run): less noisy than latency on a busy
+    machine, and what the hop costs the cores the child shares with it.
+    """
     for _ in range(warmup):
         measure(werk)
         measure(direct)
     through, straight = [], []
+    cpu_before = cpu_seconds(werk_pid)
     for _ in range(rounds):
         through.append(measure(werk))
         straight.append(measure(direct))
+    cpu = (cpu_seconds(werk_pid) - cpu_before) / rounds
     for name, values in (("werk  ", through), ("direct", straight)):
         print(
             f"  {name} p50 {statistics.median(values) * 1e3:7.3f} ms"
             f"  p90 {percentile(values, 0.9) * 1e3:7.3f} ms"
             f"  mean {statistics.fmean(values) * 1e3:7.3f} ms"
         )
+    print(f"  werk serve CPU per request {cpu * 1e3:.3f} ms")
     return through, straight
 
 
-def sequential(werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int) -> None:
+def sequential(
+    werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int, werk_pid: int
+) -> None:
     print(f"sequential: {rounds} short non-streamed chats per side (interleaved, keep-alive)")
-    through, straight = interleaved(werk, direct, lambda c: _post(c, CHAT), rounds, warmup)
+    through, straight = interleaved(
+        werk, direct, lambda c: _post(c, CHAT), rounds, warmup, werk_pid
+    )
     added = (statistics.median(through) - statistics.median(straight)) * 1e3
     ratio = statistics.median(through) / statistics.median(straight)
     print(f"  added p50 {added:+.3f} ms   p50 ratio werk/direct {ratio:.3f}")
@@ -211,10 +231,14 @@ def _first_byte(client: httpx.Client, body: dict[str, Any]) -> float:
     return first
 
 
-def streamed(werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int) -> None:
+def streamed(
+    werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int, werk_pid: int
+) -> None:
     body = {**CHAT, "stream": True}
     print(f"streamed: {rounds} short streamed chats per side, time to the first content byte")
-    through, straight = interleaved(werk, direct, lambda c: _first_byte(c, body), rounds, warmup)
+    through, straight = interleaved(
+        werk, direct, lambda c: _first_byte(c, body), rounds, warmup, werk_pid
+    )
     added = (statistics.median(through) - statistics.median(straight)) * 1e3
     print(f"  added p50 to the first content byte {added:+.3f} ms")
 
@@ -265,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
                 with httpx.Client(base_url=child.url, headers=headers, timeout=120) as direct:
                     shown = ["<api-key>" if a == child.key else a for a in child.args[1:]]
                     print(f"llama-server pid {child.pid}: {' '.join(shown)}")
-                    sequential(werk, direct, args.rounds, args.warmup)
-                    streamed(werk, direct, args.rounds, args.warmup)
+                    pid = served.process.pid
+                    sequential(werk, direct, args.rounds, args.warmup, pid)
+                    streamed(werk, direct, args.rounds, args.warmup, pid)
             print(f"concurrent: {args.clients} clients x {args.per_client} short chats")
             through = concurrent(served.url, {}, args.clients, args.per_client)
             straight = concurrent(child.url, headers, args.clients, args.per_client)
