@@ -23,6 +23,7 @@ from _server import ErrorBodyCheck, WerkServer, import_model, werk_serve
 
 from werk.http.openai import OPENAI_BODY
 from werk.http.routes import PROMPT_BODY, SMALL_BODY
+from werk.http.server import MAX_HEAD_BYTES
 
 KEY = "bodies-key-0123456789abcdef"
 AUTH = f"Authorization: Bearer {KEY}\r\n"
@@ -416,11 +417,65 @@ def test_false_short_content_length_then_garbage(
         assert _check(error_body, battery, response, 400)["code"] == "invalid_request"
 
 
+def test_pipelined_requests_are_answered_before_the_garbage_behind_them_is_refused(
+    battery: Battery, error_body: ErrorBodyCheck
+) -> None:
+    """Two complete requests and then bytes that are no request, in one write: both requests
+    are answered in order, then the garbage gets the JSON 400 and the connection closes."""
+    info = f"GET /werk/v1/info HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n".encode()
+    responses, closed = _exchange(battery, info + info + b"\x00\x01 garbage\r\n\r\n")
+    assert closed
+    assert [r.status for r in responses] == [200, 200, 400]
+    assert _check(error_body, battery, responses[2], 400)["code"] == "invalid_request"
+
+
+def _padded_info(size: int) -> bytes:
+    """A GET of /werk/v1/info whose headers carry ``size`` bytes of padding, give or take 1 KiB."""
+    padding = "".join(f"X-Pad-{i}: {'a' * 1000}\r\n" for i in range(size // 1024))
+    return f"GET /werk/v1/info HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}{padding}\r\n".encode()
+
+
+def _first_answer(battery: Battery, request: bytes) -> RawResponse:
+    with socket.create_connection(("127.0.0.1", battery.port)) as sock:
+        sock.sendall(request)
+        return _read_one(sock)
+
+
+def test_a_request_head_of_60_kib_is_served(battery: Battery) -> None:
+    """Request line and headers together may carry ``werk.http.server.MAX_HEAD_BYTES``."""
+    assert MAX_HEAD_BYTES == 64 * 1024
+    assert _first_answer(battery, _padded_info(60 * 1024)).status == 200
+
+
+def test_a_request_head_over_64_kib_is_refused(
+    battery: Battery, error_body: ErrorBodyCheck
+) -> None:
+    """The parser itself sets no bound on a request head; over 64 KiB is a 400, then close."""
+    response = _first_answer(battery, _padded_info(70 * 1024))
+    assert _check(error_body, battery, response, 400)["code"] == "invalid_request"
+    assert response.headers["connection"] == "close"
+
+
+def test_false_short_content_length_then_bytes_that_cannot_start_a_request(
+    battery: Battery, error_body: ErrorBodyCheck
+) -> None:
+    """The rest starts with a byte no request line starts with (``:``): refused at once (400,
+    close) once the declared request is answered, without waiting for a line break."""
+    request = _head("/werk/v1/decode", JSON, "Content-Length: 10\r\n") + DECODE
+    responses, closed = _exchange(battery, request)
+    assert closed, "the leftover bytes held the connection open"
+    assert [r.status for r in responses] == [400, 400]
+    for response in responses:
+        assert _check(error_body, battery, response, 400)["code"] == "invalid_request"
+
+
 def test_false_short_content_length_then_an_unfinished_line(
     battery: Battery, error_body: ErrorBodyCheck
 ) -> None:
-    """Without a line break the rest never becomes a request: the header deadline closes it."""
-    request = _head("/werk/v1/decode", JSON, "Content-Length: 10\r\n") + DECODE
+    """The rest is the start of a request line that never ends: the header deadline closes
+    the connection after the declared request's answer."""
+    body = DECODE[:10] + b"GET /werk/v1/info HTT"
+    request = _head("/werk/v1/decode", JSON, "Content-Length: 10\r\n") + body
     responses, closed = _exchange(battery, request)
     assert closed, "the leftover bytes held the connection open"
     assert [r.status for r in responses] == [400]

@@ -85,8 +85,9 @@ class RequestFramingMiddleware:
     """Connection-level rules about request bodies.
 
     * A request that carries both ``Content-Length`` and ``Transfer-Encoding`` is refused (400):
-      h11 would frame it by ``Transfer-Encoding`` and keep the connection, but RFC 9112 §6.3
-      calls the combination a request-smuggling shape and requires a close after answering.
+      RFC 9112 §6.3 calls the combination a request-smuggling shape and requires a close after
+      answering. (llhttp, uvicorn's parser, refuses it too; h11 framed it by
+      ``Transfer-Encoding`` and kept the connection: this rule does not depend on the parser.)
     * A response sent while the request body was not read to its end (413 before reading, 401,
       415, …) says ``Connection: close`` and the connection is closed after it: the client may
       still be sending a body nobody will read (uvicorn would otherwise drain it for as long as
