@@ -128,6 +128,53 @@ async def test_a_requests_keep_alive_replaces_the_servers_for_that_model() -> No
     assert entry.keep_alive is None and entry.idle_until is None
 
 
+@pytest.mark.anyio
+async def test_a_release_wakes_the_sleeping_unloader_only_when_its_keep_alive_ends_sooner() -> None:
+    """The unloader sleeps up to a second and looks at every deadline when it wakes; a release
+    whose keep-alive runs out later than that does not wake it (not after every request), a
+    release with a shorter keep-alive does."""
+    backend, clock = Backend(), Clock()
+    runtimes = manager(backend, clock, keep_alive=300.0)
+    woke: list[float] = []
+
+    async def sleeper() -> None:
+        await runtimes.wait_for_release(5.0)
+        woke.append(clock.now)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(sleeper)
+        await anyio.wait_all_tasks_blocked()
+        (await runtimes.use(SPEC)).release()  # idle until now + 300 s: after the wake-up
+        await anyio.wait_all_tasks_blocked()
+        assert woke == []
+        clock.now += 1
+        (await runtimes.use(SPEC)).release(KeepAlive(2.0))  # now + 2 s: before it
+        await anyio.wait_all_tasks_blocked()
+        assert woke == [101.0]
+
+
+@pytest.mark.anyio
+async def test_a_use_never_takes_a_runtime_whose_stop_holds_the_lock() -> None:
+    """A use skips the model's lock only when nobody holds it. A stop that has taken the lock
+    (and not yet unregistered the runtime: the lock's acquire yields once) makes the use wait;
+    it then gets a new generation, never the one being stopped."""
+    backend, clock = Backend(), Clock()
+    runtimes = manager(backend, clock)
+    with await runtimes.use(SPEC):
+        pass
+    got: list[tuple[str, bool]] = []
+
+    async def user() -> None:
+        with await runtimes.use(SPEC) as use:
+            got.append((use.runtime.generation, use.runtime.alive))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(runtimes.stop, "m")  # runs first: takes the lock, then yields
+        group.start_soon(user)
+    assert backend.stopped == ["g_0"]
+    assert got == [("g_1", True)]
+
+
 def test_keep_alive_values() -> None:
     assert parse_keep_alive(0) == 0.0 and parse_keep_alive("300ms") == 0.3
     assert parse_keep_alive("5m") == 300.0 and parse_keep_alive("1h30m") == 5400.0

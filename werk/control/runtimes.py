@@ -151,6 +151,7 @@ class RuntimeManager:
         self._idle_until: dict[str, float | None] = {}
         self._keep: dict[str, float | None] = {}
         self._released: anyio.Event | None = None
+        self._wake_at = 0.0  # when a wait_for_release sleeper wakes up by itself
         self._locks: dict[str, anyio.Lock] = {}
         self._failures: dict[str, tuple[int, float]] = {}
         self._retired: set[str] = set()
@@ -226,11 +227,18 @@ class RuntimeManager:
         """The live runtime for ``spec`` (started when needed), held busy until the returned
         :class:`Use` is released: an idle unload never stops it meanwhile."""
         lock = self._locks.setdefault(spec.id, anyio.Lock())
+        current = self._runtimes.get(spec.id)
+        if not lock.locked() and current is not None and current.alive and current.model == spec:
+            # The common case, without the lock's two event-loop passes: the runtime is up and
+            # no start or stop holds its lock (there is nothing to wait for).
+            return self._busy_use(spec.id, current)
         async with lock:
-            runtime = await self._get_locked(spec)
-            self._busy[spec.id] = self._busy.get(spec.id, 0) + 1
-            self._idle_until[spec.id] = None
-            return Use(self, runtime)
+            return self._busy_use(spec.id, await self._get_locked(spec))
+
+    def _busy_use(self, model: str, runtime: Runtime) -> Use:
+        self._busy[model] = self._busy.get(model, 0) + 1
+        self._idle_until[model] = None
+        return Use(self, runtime)
 
     def hold(self, runtime: Runtime) -> Use:
         """Hold a runtime found some other way (a handoff's generation) busy."""
@@ -250,13 +258,17 @@ class RuntimeManager:
         if keep_alive is not None:
             self._keep[model] = keep_alive.seconds
         if busy == 0:
-            self._idle_until[model] = self._deadline(model)
-            if self._released is not None:
+            until = self._deadline(model)
+            self._idle_until[model] = until
+            if self._released is not None and until is not None and until < self._wake_at:
                 self._released.set()
 
     async def wait_for_release(self, timeout: float) -> None:
-        """Sleep up to ``timeout`` seconds, waking early when a runtime's last use ends."""
+        """Sleep up to ``timeout`` seconds, waking early when a runtime's last use ends and
+        its keep-alive runs out before then (not after every request: the sleeper looks at
+        every deadline when it wakes anyway)."""
         self._released = anyio.Event()
+        self._wake_at = self._clock() + timeout
         with anyio.move_on_after(timeout):
             await self._released.wait()
         self._released = None

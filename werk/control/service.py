@@ -168,6 +168,7 @@ class LocalControlService(WerkControl):
         self.job_store = JobStore(config.home, clock=clock)
         self._job_send: MemoryObjectSendStream[_QueuedJob] | None = None  # while run_jobs runs
         self._engines: dict[str, ExpertEngine] = {}
+        self._cache_salts: dict[str, str] = {}  # principal → its salt (one HMAC, not per request)
         self.states = StateViews(self)
         self.flow = PrefillFlow(self)
         self._preload: tuple[anyio.CancelScope, anyio.Event] | None = None
@@ -652,7 +653,7 @@ class LocalControlService(WerkControl):
                 route=route,
                 body=body,
                 stream=stream,
-                cache_salt=cache_salt(self.config.namespace_key, principal),
+                cache_salt=self._cache_salt(principal),
             )
             reply: OpenAIReply = await self.pm.call_operation(
                 Operation.OPENAI, use.runtime, call=call
@@ -670,6 +671,12 @@ class LocalControlService(WerkControl):
         if route in ("images.generations", "images.edits") and body.get("response_format") == "url":
             return await self._images_by_url(principal, route, body, reply)
         return reply
+
+    def _cache_salt(self, principal: str) -> str:
+        salt = self._cache_salts.get(principal)
+        if salt is None:  # principals are bounded by the configured API keys
+            salt = self._cache_salts[principal] = cache_salt(self.config.namespace_key, principal)
+        return salt
 
     async def _images_by_url(
         self, principal: str, route: OpenAIRoute, body: dict[str, Any], reply: OpenAIReply
