@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 import werk
+import werk.supervise
 from werk import ProcessExited, SupervisedProcess, WorkDir, sweep_stale_workdirs, wait_until_ready
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process API")
@@ -121,13 +122,20 @@ async def test_a_leader_that_exits_takes_its_group_along(tmp_path: Path) -> None
     assert _wait_gone(helper, 5), "the leader's helper outlived it"
 
 
-def test_the_child_dies_with_the_process_that_spawned_it(tmp_path: Path) -> None:
-    """Parent-death signalling through the exec shim: SIGKILL the spawner, the child goes."""
+@pytest.mark.parametrize("launcher", ["setpriv", "python shim"])
+def test_the_child_dies_with_the_process_that_spawned_it(tmp_path: Path, launcher: str) -> None:
+    """Parent-death signalling through either launcher (``setpriv`` + ``sh``, or the Python
+    exec shim where there is no ``setpriv``): SIGKILL the spawner, the child goes."""
+    if launcher == "setpriv" and werk.supervise.setpriv_executable() is None:
+        pytest.skip("no setpriv with --pdeathsig on this machine")
     pidfile = tmp_path / "child.pid"
     spawner = textwrap.dedent(
         f"""
         import pathlib, time
+        import werk.supervise
         from werk.supervise import SupervisedProcess
+        if {launcher == "python shim"}:
+            werk.supervise.setpriv_executable = lambda: None
         log = pathlib.Path({str(tmp_path / "log")!r})
         child = SupervisedProcess.spawn(["sleep", "60"], log_path=log)
         pathlib.Path({str(pidfile)!r}).write_text(str(child.pid))
@@ -151,6 +159,25 @@ def test_the_child_dies_with_the_process_that_spawned_it(tmp_path: Path) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_setpriv_launcher_refuses_to_run_once_its_spawner_is_gone(tmp_path: Path) -> None:
+    """The ``sh`` step checks its parent like the Python shim does: a launcher whose spawner
+    is not its parent any more (it died before the parent-death signal was set) exits 1
+    without running the program."""
+    setpriv = werk.supervise.setpriv_executable()
+    if setpriv is None:
+        pytest.skip("no setpriv with --pdeathsig on this machine")
+    marker = tmp_path / "ran"
+    launcher = werk.supervise._launcher("/bin/touch", guard_group=False)
+    assert launcher[0] == setpriv
+    ours = subprocess.run([*launcher, "/bin/touch", str(marker)])
+    assert ours.returncode == 0 and marker.exists()
+    marker.unlink()
+    stranger = [*launcher[:-1], "1", "/bin/touch", str(marker)]  # pid 1 spawned it, it says
+    assert subprocess.run(stranger).returncode == 1
+    assert not marker.exists()
+    assert werk.supervise._launcher("/bin/touch", guard_group=True)[0] == sys.executable
 
 
 def test_a_program_that_cannot_be_executed_exits_127_with_a_reason(tmp_path: Path) -> None:
@@ -346,3 +373,46 @@ def test_a_child_api_key_is_an_argparse_value_even_when_its_random_part_starts_w
     for key in keys:
         assert parser.parse_args(["--api-key", key]).api_key == key
         assert len(key) >= 40
+
+
+_LISTENER = textwrap.dedent(
+    """
+    import socket, sys, time
+    family = socket.AF_INET6 if sys.argv[1] == "6" else socket.AF_INET
+    listening = socket.socket(family)
+    listening.bind(("::1" if sys.argv[1] == "6" else "127.0.0.1", 0))
+    listening.listen()
+    bound = socket.socket()  # bound to a port of its own but not listening
+    bound.bind(("127.0.0.1", 0))
+    connected = socket.create_connection(("127.0.0.1", listening.getsockname()[1])) \\
+        if sys.argv[1] == "4" else None
+    print(listening.getsockname()[1], bound.getsockname()[1], flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.parametrize("family", ["4", "6"])
+def test_listens_on_finds_the_listening_socket_and_nothing_else(family: str) -> None:
+    """``listens_on`` (read from ``/proc``) agrees with psutil: the listening port yes; a port
+    the process bound without listening, a port it does not hold, another process: no; a pid
+    that is gone: cannot tell."""
+    if family == "6" and not os.path.exists("/proc/net/tcp6"):
+        pytest.skip("no IPv6 on this machine")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _LISTENER, family], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        listening, bound = map(int, child.stdout.readline().split())
+        assert werk.listens_on(child.pid, listening) is True
+        assert werk.listens_on(child.pid, bound) is False
+        assert werk.listens_on(child.pid, werk.free_port()) is False
+        assert werk.listens_on(os.getpid(), listening) is False  # another process's socket
+        conns = psutil.Process(child.pid).net_connections(kind="tcp")
+        by_psutil = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+        assert by_psutil == {listening}
+    finally:
+        child.kill()
+        child.communicate()
+    assert werk.listens_on(child.pid, listening) is None
