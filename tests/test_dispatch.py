@@ -121,6 +121,24 @@ async def test_only_the_owner_is_called(operation: Operation, make_pm: MakePM) -
     assert "alpha" in repr(result) and "beta" not in repr(result)
 
 
+async def test_a_plugin_registered_after_a_call_is_still_left_out(make_pm: MakePM) -> None:
+    """The owner-only caller is built once per plugin and hook; a later registration (or
+    unregistration) rebuilds it, so a newcomer implementing the same hook is not called."""
+    alpha = EveryOperation("alpha")
+    pm = make_pm(("alpha-plugin", alpha))
+    call = ARGUMENTS[Operation.OPENAI]
+    runtime = _runtime("alpha")
+    await pm.call_operation(Operation.OPENAI, runtime, **call)
+    gamma = EveryOperation("gamma")
+    pm.register(gamma, name="gamma-plugin")  # registered last: an undirected call reaches it
+    result = await pm.call_operation(Operation.OPENAI, runtime, **call)
+    assert gamma.calls == [] and result.body == {"backend": "alpha"}
+    assert len(alpha.calls) == 2
+    pm.unregister(gamma)
+    await pm.call_operation(Operation.OPENAI, runtime, **call)
+    assert len(alpha.calls) == 3 and gamma.calls == []
+
+
 async def test_prefill_goes_to_whichever_plugin_owns_the_runtime(make_pm: MakePM) -> None:
     alpha, beta = EveryOperation("alpha"), EveryOperation("beta")
     pm = make_pm(("alpha-plugin", alpha), ("beta-plugin", beta))

@@ -144,6 +144,7 @@ class WerkPluginManager(pluggy.PluginManager):
         self.backends: dict[str, BackendDescriptor] = {}
         self._backend_owner: dict[str, str] = {}
         self._discovery_lock = threading.Lock()
+        self._only_callers: dict[tuple[int, str], pluggy.HookCaller] = {}
         self._stuck: set[tuple[str, str | None]] = set()
         """(backend, model) whose abandoned discovery is still running in its thread."""
 
@@ -226,8 +227,20 @@ class WerkPluginManager(pluggy.PluginManager):
         return caller is not None and caller.spec is not None
 
     def _only(self, plugin: object, hook_name: str) -> pluggy.HookCaller:
-        others = [p for p in self.get_plugins() if p is not plugin]
-        return self.subset_hook_caller(hook_name, remove_plugins=others)
+        key = (id(plugin), hook_name)
+        caller = self._only_callers.get(key)
+        if caller is None:  # built once per plugin and hook: call_operation runs per request
+            others = [p for p in self.get_plugins() if p is not plugin]
+            caller = self._only_callers[key] = self.subset_hook_caller(hook_name, others)
+        return caller
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        self._only_callers.clear()
+        return super().register(plugin, name)
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        self._only_callers.clear()
+        return super().unregister(plugin, name)
 
     # -- queries ---------------------------------------------------------------------------
 

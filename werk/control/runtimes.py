@@ -219,14 +219,14 @@ class RuntimeManager:
         runs no relief pass (it never unloads another runtime to make room), and its failure
         starts no backoff: the first request starts the model again and answers with the
         reason."""
-        lock = self._locks.setdefault(spec.id, anyio.Lock())
+        lock = self._lock(spec.id)
         async with lock:
             return await self._get_locked(spec, preload=preload)
 
     async def use(self, spec: ModelSpec) -> Use:
         """The live runtime for ``spec`` (started when needed), held busy until the returned
         :class:`Use` is released: an idle unload never stops it meanwhile."""
-        lock = self._locks.setdefault(spec.id, anyio.Lock())
+        lock = self._lock(spec.id)
         current = self._runtimes.get(spec.id)
         if not lock.locked() and current is not None and current.alive and current.model == spec:
             # The common case, without the lock's two event-loop passes: the runtime is up and
@@ -234,6 +234,13 @@ class RuntimeManager:
             return self._busy_use(spec.id, current)
         async with lock:
             return self._busy_use(spec.id, await self._get_locked(spec))
+
+    def _lock(self, model: str) -> anyio.Lock:
+        """The model's start/stop lock (created once: ``setdefault`` would build one per call)."""
+        lock = self._locks.get(model)
+        if lock is None:
+            lock = self._locks[model] = anyio.Lock()
+        return lock
 
     def _busy_use(self, model: str, runtime: Runtime) -> Use:
         self._busy[model] = self._busy.get(model, 0) + 1
@@ -335,7 +342,7 @@ class RuntimeManager:
             until = self._idle_until.get(model)
             if until is None or until > self._clock() or self._busy.get(model):
                 continue
-            lock = self._locks.setdefault(model, anyio.Lock())
+            lock = self._lock(model)
             if lock.locked():
                 continue
             async with lock:
@@ -530,7 +537,7 @@ class RuntimeManager:
         model = next((m for m in self._allocations if _owner(m) == owner), None)
         if model is None:
             return False
-        lock = self._locks.setdefault(model, anyio.Lock())
+        lock = self._lock(model)
         if lock.locked():
             return False  # starting, or stopping elsewhere: not this pass's to take
         async with lock:
@@ -551,7 +558,7 @@ class RuntimeManager:
 
     async def stop(self, model_id: str) -> bool:
         """Stop the runtime of ``model_id``; ``False`` when none was running."""
-        lock = self._locks.setdefault(model_id, anyio.Lock())
+        lock = self._lock(model_id)
         async with lock:
             runtime = self._runtimes.get(model_id)
             if runtime is None:

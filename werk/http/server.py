@@ -56,6 +56,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
+        self._head_started: float | None = None  # loop time of an unfinished head's first byte
         self._refused = False  # a parse error waits for the request before it (send_400_response)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -66,10 +67,22 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if (
+            self._head_started is not None
+            and self._header_timer is None
+            and not self.transport.is_closing()
+        ):
+            # A head that did not arrive whole: its deadline runs from its first byte. (One that
+            # did, the usual case, never costs a timer.)
+            deadline = self._head_started + self.header_timeout
+            self._header_timer = self.loop.call_at(deadline, self._expire)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        self._arm()  # the first byte of a request on a kept-alive connection
+        self._head_started = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
         self._count(url)
@@ -80,6 +93,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._head_started = None
         self._disarm()  # the keep-alive timer governs the connection from here on
         super().on_headers_complete()
 
@@ -135,6 +149,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def _expire(self) -> None:
         self._header_timer = None
+        self._head_started = None
         if not self.transport.is_closing():
             self.transport.close()
 
