@@ -56,7 +56,10 @@ def build_app(
         return error_response(request, exc)
 
     app = Starlette(
+        # Starlette tries the routes in order (a regex match each): /v1, the hot path, first.
+        # No path of one group can match in another (/v1/…, /werk/v1/…, /metrics).
         routes=[
+            *openai_routes(control, auth),
             *werk_routes(control, auth),
             Route("/werk/v1/openapi.json", openapi, methods=["GET"]),
             Route(
@@ -64,7 +67,6 @@ def build_app(
                 metrics_endpoint(control, auth, http_metrics, public=metrics_public),
                 methods=["GET"],
             ),
-            *openai_routes(control, auth),
         ],
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
