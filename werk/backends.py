@@ -194,7 +194,8 @@ class Runtime:
     :ivar model: the model it serves.
     :ivar generation: random id of this process generation; states are bound to it.
     :ivar handle: the plugin's own object (process, client, ...). The host never inspects it.
-    :ivar alive: ``False`` once the plugin detected that the runtime died.
+    :ivar alive: ``False`` once the plugin detected that the runtime died (or the host did:
+        when ``pid`` is Werk's child and has exited, before the plugin heard of it).
     :ivar executable: fingerprint of the backend executable (``sha256:…``; ``""`` in-process).
     :ivar args: the effective runtime arguments, in order (part of every state's envelope).
     :ivar cache_layout: the backend's own description of its state layout (opaque to the host).

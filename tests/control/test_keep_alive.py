@@ -4,11 +4,14 @@ lists what is loaded. The idle unloader runs for real (real time, bounded waits)
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import pytest
 
 import werk
@@ -173,6 +176,42 @@ async def test_a_use_never_takes_a_runtime_whose_stop_holds_the_lock() -> None:
         group.start_soon(user)
     assert backend.stopped == ["g_0"]
     assert got == [("g_1", True)]
+
+
+@pytest.mark.anyio
+async def test_a_use_right_after_the_process_exited_gets_a_new_runtime() -> None:
+    """The plugin has not heard of its child's exit yet (``alive`` still true), but the
+    runtime's own process is gone: the next use starts a new generation instead of handing out
+    the dead one, and the crash is counted. The exit stays unreaped for its plugin."""
+    children: list[subprocess.Popen[bytes]] = []
+
+    class ProcessBackend(Backend):
+        async def start(self, spec: ModelSpec) -> Runtime:
+            runtime = await super().start(spec)
+            children.append(subprocess.Popen(["sleep", "60"]))
+            runtime.pid = children[-1].pid
+            return runtime
+
+    backend, clock = ProcessBackend(), Clock()
+    runtimes = manager(backend, clock)
+    try:
+        with await runtimes.use(SPEC) as use:
+            first = use.runtime
+        with await runtimes.use(SPEC) as use:  # still alive: the same runtime
+            assert use.runtime is first
+        children[0].kill()
+        while psutil.Process(children[0].pid).status() != psutil.STATUS_ZOMBIE:
+            await anyio.sleep(0.01)
+        assert first.alive  # nobody told the flag
+        with await runtimes.use(SPEC) as use:
+            assert use.runtime.generation == "g_1" and use.runtime.alive
+        assert not first.alive and backend.stopped == ["g_0"]
+        assert runtimes.event_counts()["idle"] == {"starts": 2, "crashes": 1, "restarts": 1}
+        assert children[0].poll() == -signal.SIGKILL  # left for its owner to reap
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
 
 
 def test_keep_alive_values() -> None:

@@ -27,6 +27,7 @@ is touched.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -105,6 +106,32 @@ class Use:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def _still_alive(runtime: Runtime) -> bool:
+    """``runtime.alive``, after asking the kernel about the runtime's own process.
+
+    A plugin learns of its child's exit on the event loop (a pidfd callback, or a poll at its
+    next use), so right after a crash the flag can still say alive while the process is gone:
+    a use would get the dead runtime and fail instead of starting a new one. When ``pid`` is
+    Werk's child and has exited (not yet reaped: ``WNOWAIT`` leaves the reaping and the exit
+    report to the plugin), the runtime is marked dead here. One ``waitid`` call.
+    """
+    if runtime.alive and runtime.pid is not None and _exited(runtime.pid):
+        runtime.alive = False
+    return runtime.alive
+
+
+def _exited(pid: int) -> bool:
+    if not hasattr(os, "waitid"):  # not on Windows; the plugin's own detection then
+        return False
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # not Werk's child, or already reaped (then its plugin knows)
+        return False
+    except OSError:
+        return False
+    return info is not None
 
 
 def _owner(model: str) -> str:
@@ -228,7 +255,12 @@ class RuntimeManager:
         :class:`Use` is released: an idle unload never stops it meanwhile."""
         lock = self._lock(spec.id)
         current = self._runtimes.get(spec.id)
-        if not lock.locked() and current is not None and current.alive and current.model == spec:
+        if (
+            not lock.locked()
+            and current is not None
+            and _still_alive(current)
+            and current.model == spec
+        ):
             # The common case, without the lock's two event-loop passes: the runtime is up and
             # no start or stop holds its lock (there is nothing to wait for).
             return self._busy_use(spec.id, current)
@@ -286,7 +318,7 @@ class RuntimeManager:
 
     async def _get_locked(self, spec: ModelSpec, *, preload: bool = False) -> Runtime:
         current = self._runtimes.get(spec.id)
-        if current is not None and current.alive and current.model == spec:
+        if current is not None and _still_alive(current) and current.model == spec:
             return current
         if current is not None:
             self._note_if_dead(current)
