@@ -111,6 +111,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         did; reading stops meanwhile. A request whose own head or body broke is refused at once.
         """
         self._disarm()
+        self._head_started = None  # no deadline for what will not be parsed
         cycle = self.cycle
         if cycle is not None and not cycle.more_body and not cycle.response_complete:
             self._refused = True
