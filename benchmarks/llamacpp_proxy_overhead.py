@@ -10,7 +10,8 @@ API key) and sends the *same* short chat body both ways:
 * **streamed**: the same chat with ``"stream": true``, interleaved the same way; the time to
   the first SSE event that carries content (median, p90) and Werk's added median;
 * **concurrent**: ``--clients`` (8) threads, each with its own keep-alive client, sending
-  ``--per-client`` requests; requests per second for each side and the ratio Werk/direct.
+  ``--per-client`` requests; ``--concurrent-rounds`` (5) rounds per side, interleaved; the median
+  requests per second of each side and their ratio Werk/direct.
 
 Direct requests carry no ``id_slot`` (llama-server picks among all its slots); Werk pins each
 request to one of the general slots (the state slot is never used for ``/v1``).
@@ -276,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--per-client", type=int, default=50)
+    parser.add_argument(
+        "--concurrent-rounds",
+        type=int,
+        default=5,
+        help="concurrent rounds per side, alternating which side goes first (one round's "
+        "req/s varies by a quarter on a busy 2-core machine; the medians are compared)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="werk-bench-") as tmp:
         home = Path(tmp) / "home"
@@ -292,12 +300,20 @@ def main(argv: list[str] | None = None) -> int:
                     pid = served.process.pid
                     sequential(werk, direct, args.rounds, args.warmup, pid)
                     streamed(werk, direct, args.rounds, args.warmup, pid)
-            print(f"concurrent: {args.clients} clients x {args.per_client} short chats")
-            through = concurrent(served.url, {}, args.clients, args.per_client)
-            straight = concurrent(child.url, headers, args.clients, args.per_client)
-            print(f"  werk   {through:8.1f} req/s")
-            print(f"  direct {straight:8.1f} req/s")
-            print(f"  throughput ratio werk/direct {through / straight:.3f}")
+            print(
+                f"concurrent: {args.clients} clients x {args.per_client} short chats, "
+                f"{args.concurrent_rounds} rounds per side (interleaved)"
+            )
+            through, straight = [], []
+            for round_ in range(args.concurrent_rounds):
+                sides = [(through, served.url, {}), (straight, child.url, headers)]
+                for results, url, auth in sides if round_ % 2 == 0 else sides[::-1]:
+                    results.append(concurrent(url, auth, args.clients, args.per_client))
+            for name, rates in (("werk  ", through), ("direct", straight)):
+                shown = " ".join(f"{r:.0f}" for r in rates)
+                print(f"  {name} {statistics.median(rates):8.1f} req/s median ({shown})")
+            ratio = statistics.median(through) / statistics.median(straight)
+            print(f"  throughput ratio werk/direct {ratio:.3f}")
     return 0
 
 

@@ -127,9 +127,7 @@ def _exited(pid: int) -> bool:
         return False
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # not Werk's child, or already reaped (then its plugin knows)
-        return False
-    except OSError:
+    except OSError:  # ChildProcessError: not Werk's child, or reaped (then its plugin knows)
         return False
     return info is not None
 

@@ -17,7 +17,7 @@ is closed. (Closing a connection whose request body was left unread is
 ``httptools`` rather than uvicorn's pure-Python ``h11`` protocol: in two alternating pairs of
 ``benchmarks/llamacpp_proxy_overhead.py`` runs, ``werk serve`` spent 0.1--0.2 ms less CPU per
 short chat (0.25--0.4 ms per streamed one) and the streamed first byte came 0.3--0.4 ms sooner
-(docs/performance.md, "The hop").
+(docs/performance.md, "Proxy overhead").
 """
 
 from __future__ import annotations
