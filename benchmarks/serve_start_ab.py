@@ -25,16 +25,9 @@ import tempfile
 from pathlib import Path
 
 from llamacpp_cold_start import first_token
-from llamacpp_proxy_overhead import create_demo, werk_serve
+from llamacpp_proxy_overhead import cpu_seconds, create_demo, werk_serve
 
 PLUGINS = ("werk-llamacpp", "werk-vllm", "werk-omlx", "werk-media")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system time of process ``pid`` so far (its threads, not its children)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_start(home: Path, log: Path, pythonpath: str | None) -> tuple[float, float]:

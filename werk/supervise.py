@@ -273,6 +273,7 @@ class ProcessExited(Exception):
         self.code = code
 
 
+_SH = "/bin/sh"
 _SH_EXEC = 'test "$PPID" = "$1" || exit 1; shift; exec "$@"'
 """The ``sh`` half of the setpriv launcher: the same parent check as the Python shim's."""
 
@@ -288,9 +289,6 @@ def setpriv_executable() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return found if b"--pdeathsig" in usage else None
-
-
-_SH = "/bin/sh"
 
 
 def _launcher(program: str, guard_group: bool) -> list[str]:
