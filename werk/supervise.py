@@ -142,8 +142,10 @@ def listens_on(pid: int, port: int) -> bool | None:
     """Whether ``pid`` has a TCP LISTEN socket on ``port`` (``None``: cannot tell).
 
     On Linux it reads ``/proc`` directly (the socket inodes among the process's descriptors,
-    then ``/proc/net/tcp`` and ``tcp6``): about 0.2 ms, where psutil's ``net_connections`` took
-    7--9 ms, and a backend asks right after readiness, on the way to the first token.
+    then ``/proc/net/tcp`` and, only if needed, ``tcp6``): 3.5 ms, nearly all of it the kernel
+    writing ``/proc/net/tcp``, where psutil's ``net_connections`` (TCP and UDP, v4 and v6) took
+    7 ms (``benchmarks/spawn_launcher.py``). A backend asks right after readiness, on the way to
+    the first token.
     """
     if _PROC_NET:
         try:
