@@ -161,10 +161,13 @@ def test_the_child_dies_with_the_process_that_spawned_it(tmp_path: Path, launche
             proc.wait()
 
 
-def test_the_setpriv_launcher_refuses_to_run_once_its_spawner_is_gone(tmp_path: Path) -> None:
-    """The ``sh`` step checks its parent like the Python shim does: a launcher whose spawner
-    is not its parent any more (it died before the parent-death signal was set) exits 1
-    without running the program."""
+def test_the_setpriv_launcher_runs_nothing_when_its_parent_is_not_the_spawner(
+    tmp_path: Path,
+) -> None:
+    """The ``sh`` step checks its parent like the Python shim does. Told a spawner pid that is
+    not its parent (as when the spawner died before the parent-death signal was set and the
+    launcher was reparented), it exits 1 without running the program; told the right one, it
+    runs it. A guarded group still gets the Python shim."""
     setpriv = werk.supervise.setpriv_executable()
     if setpriv is None:
         pytest.skip("no setpriv with --pdeathsig on this machine")
