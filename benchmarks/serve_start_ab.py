@@ -24,6 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import httpx
 from llamacpp_cold_start import first_token
 from llamacpp_proxy_overhead import cpu_seconds, create_demo, werk_serve
 
@@ -35,8 +36,8 @@ def one_start(home: Path, log: Path, pythonpath: str | None) -> tuple[float, flo
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = pythonpath
-    with werk_serve(home, ["demo"], log) as served:
-        token = first_token(served.url, {}) - served.started
+    with httpx.Client(timeout=600) as client, werk_serve(home, ["demo"], log, client) as served:
+        token = first_token(client, served.url, {}) - served.started
         return token, cpu_seconds(served.process.pid)
 
 
