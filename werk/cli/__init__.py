@@ -17,6 +17,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from . import _gc
 from .plugin_commands import register_plugin_commands
 
 if TYPE_CHECKING:
@@ -74,7 +75,11 @@ def main() -> None:
     (about 40 ms for all of them, plus loading the plugins' commands), and ``werk serve``'s
     start-up waits for it. Anything else (``werk``, ``--help``, a plugin's command, a typo)
     gets the whole tree, as does a group plugins may add to; the plugins are loaded for their
-    commands only when one may add some (:func:`_plugins_may_add_commands`)."""
+    commands only when one may add some (:func:`_plugins_may_add_commands`).
+
+    The cyclic garbage collector is paused until the command has started
+    (:mod:`werk.cli._gc`)."""
+    _gc.pause()
     name = sys.argv[1] if len(sys.argv) > 1 else ""
     module = OWN_COMMAND_MODULES.get(name)
     if module is None or name in PLUGIN_EXTENSIBLE:

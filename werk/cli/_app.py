@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .._version import PROTOCOL_VERSION, __version__
+from . import _gc
 
 app = typer.Typer(
     name="werk",
@@ -29,6 +30,7 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(
         False,
         "--version",
@@ -38,3 +40,5 @@ def _root(
     ),
 ) -> None:
     """Werk command line."""
+    if ctx.invoked_subcommand != "serve":  # serve resumes once started
+        _gc.resume()

@@ -22,6 +22,7 @@ from ..protocol import (
     WerkError,
 )
 from ..protocol.residency import parse_keep_alive
+from . import _gc
 from ._app import app
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ STARTUP_SWITCH_INTERVAL = 0.0005
 HTTP stack is imported in a worker thread: the preload on the event loop (readiness polls,
 ``/props``) gets the interpreter back within half a millisecond instead of five each time it
 wakes up."""
+
+GC_RESUME_SECONDS = 2.0
+"""The longest the garbage collector stays paused after the HTTP stack is up while a preload is
+still loading (requests may already be served meanwhile)."""
 
 HEADER_TIMEOUT_MIN = 1.0
 HEADER_TIMEOUT_MAX = 600.0
@@ -278,7 +283,9 @@ def serve(
 
 async def _serve(service: LocalControlService, http_server: Callable[[], uvicorn.Server]) -> None:
     """Preload the models while the HTTP stack is imported (in a worker thread: the children
-    load on the other cores meanwhile), then serve until SIGINT/SIGTERM/SIGHUP. The server's
+    load on the other cores meanwhile), then serve until SIGINT/SIGTERM/SIGHUP. The garbage
+    collector, paused by ``werk.cli.main``, resumes when both are done (at the latest
+    :data:`GC_RESUME_SECONDS` after the HTTP stack). The server's
     lifespan closes ``service``, which cancels a preload still running first. The preload is a
     plain task, not a task group's: uvicorn's own exit (``SystemExit`` when the port is taken)
     must reach the CLI as it is, not wrapped in an exception group."""
@@ -294,6 +301,13 @@ async def _serve(service: LocalControlService, http_server: Callable[[], uvicorn
             server = await anyio.to_thread.run_sync(http_server)
         finally:
             sys.setswitchinterval(switch)
+        # Started: the garbage collector resumes (werk.cli._gc) once the preload is done too,
+        # or GC_RESUME_SECONDS from now if that takes longer (a large model, vLLM).
+        if preloading.done():
+            _gc.resume()
+        else:
+            preloading.add_done_callback(lambda _: _gc.resume())
+            asyncio.get_running_loop().call_later(GC_RESUME_SECONDS, _gc.resume)
         signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
         await server.serve()
     finally:
