@@ -7,6 +7,7 @@ invalid inspection; an executable replaced during startup; PDEATHSIG when Werk i
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -18,6 +19,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import anyio
@@ -404,3 +406,25 @@ async def test_a_restart_probes_early_and_a_chat_reserves_the_state_slot_after_i
         await cache.close()
     finally:
         await stop_runtime(second)
+
+
+@pytest.mark.anyio
+async def test_a_rehash_begun_early_is_what_the_check_after_readiness_compares(
+    home: Path, model: Path
+) -> None:
+    """The plugin's start begins the executable's re-hash before the process layer is imported
+    and hands it to ``start_runtime``: that digest, not a new one, is compared after readiness
+    (a wrong one refuses the start); one begun for another inspection is not used."""
+    assert LLAMA_SERVER is not None
+    inspection = await llama_inspect.inspect_executable(LLAMA_SERVER)
+    wrong: Future[str] = Future()
+    wrong.set_result("0" * 64)
+    with pytest.raises(ExecutableChanged, match="changed while the model was starting"):
+        await start_runtime(spec_for(model), rehash=(inspection, wrong))
+    assert llama_children() == []
+    other = dataclasses.replace(inspection)  # equal, but not the inspection this start uses
+    runtime = await start_runtime(spec_for(model), rehash=(other, wrong))
+    try:
+        assert runtime.alive
+    finally:
+        await stop_runtime(runtime)

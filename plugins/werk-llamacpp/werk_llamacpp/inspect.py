@@ -183,11 +183,11 @@ def child_environment() -> dict[str, str]:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+    """The file's SHA-256 (``hashlib.file_digest``: one reused buffer; reading 1 MiB chunks
+    into new objects made the kernel zero a fresh page for every 4 KiB read, ~40 % more CPU for
+    the 15 MB llama-server executable)."""
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _safe_hash(path: Path) -> str:

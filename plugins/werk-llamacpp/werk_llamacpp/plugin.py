@@ -70,10 +70,22 @@ _PROBE_GATED = (
 
 async def _start_runtime(spec: ModelSpec) -> Runtime:
     """``BackendDescriptor.start``; the process layer is imported on first use, not when every
-    `werk` command loads the plugin."""
+    `werk` command loads the plugin.
+
+    The executable's re-hash for the check after readiness begins here when its inspection is
+    already cached (the requirement computed just before inspected it), before that import
+    (~15 ms): it then runs on another core while the start prepares, not next to the loading
+    child (where it delayed the tiny demo's readiness by ~15 ms)."""
+    from .executable import locate_llama_server
+    from .inspect import cached_inspection, start_rehash
+
+    located = locate_llama_server(spec.options)
+    inspection = cached_inspection(located.path) if located.path is not None else None
+    early = (inspection, start_rehash(inspection)) if inspection is not None else None
+
     from .process import start_runtime
 
-    return await start_runtime(spec)
+    return await start_runtime(spec, rehash=early)
 
 
 async def _runtime_requirement(spec: ModelSpec) -> RuntimeRequirement | None:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -76,6 +77,9 @@ from .inspect import (
 )
 from .probe import start_early_probe
 from .slots import INFERENCE_TIMEOUT
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 __all__ = [
     "Child",
@@ -431,8 +435,14 @@ async def _close(*clients: LoopbackClient) -> None:
             await client.aclose()
 
 
-async def start_runtime(spec: ModelSpec) -> Runtime:
+async def start_runtime(
+    spec: ModelSpec, *, rehash: tuple[Inspection, Future[str]] | None = None
+) -> Runtime:
     """``BackendDescriptor.start``: inspect, spawn, wait for readiness, verify, describe.
+
+    ``rehash``: a re-hash of the executable the caller began (:func:`start_rehash`) for the
+    inspection it found; used for the check after readiness when this start inspects the same
+    executable identity, otherwise one is begun here, before the spawn.
 
     :raises werk.Unavailable: no usable executable (or it changed while starting).
     :raises werk.InvalidRequest: bad model options or reserved native arguments.
@@ -461,7 +471,10 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             prepared.close()
         raise
     slot_dir = workdir.path / "slots"
-    digest = start_rehash(inspection)  # for the post-readiness check, while the child loads
+    if rehash is not None and rehash[0] is inspection:
+        digest = rehash[1]
+    else:
+        digest = start_rehash(inspection)  # for the post-readiness check, while the child loads
     try:
         child, built, api_key, relay = await _spawn_ready(
             spec, inspection, options, generation, slot_dir, workdir
