@@ -5,8 +5,9 @@
   ``None``, as on a machine without ``setpriv``), and ``subprocess`` without any launcher;
 * **llama-server ready**: the same three ways of starting the managed llama-server build with the
   tiny demo model, polling ``/health`` every millisecond until it answers 200;
-* **port check**: ``werk.listens_on`` (``/proc``) against psutil's ``net_connections`` on a
-  listening llama-server.
+* **port check** on a listening llama-server: ``werk.listens_on`` as it runs here (``sock_diag``
+  netlink), the same with netlink made to fail (its ``/proc/net/tcp`` fallback), and psutil's
+  ``net_connections``.
 
 Medians are printed, never asserted. Run:
 ``.venv/bin/python benchmarks/spawn_launcher.py [--runs 30] [--ready-runs 8]``.
@@ -135,8 +136,21 @@ def main(argv: list[str] | None = None) -> int:
                 assert any(c.laddr and c.laddr.port == port for c in conns)
                 return time.perf_counter() - start
 
+            def from_proc() -> float:
+                netlink = werk.supervise._listening_inodes_netlink
+
+                def refused(port: int, family: socket.AddressFamily) -> set[int]:
+                    raise OSError("netlink made to fail")
+
+                werk.supervise._listening_inodes_netlink = refused  # type: ignore[assignment]
+                try:
+                    return ours()
+                finally:
+                    werk.supervise._listening_inodes_netlink = netlink  # type: ignore[assignment]
+
             print(f"port check on a listening llama-server, median of {args.runs}")
-            print(f"  listens_on (/proc)        {median_ms(ours, args.runs):6.2f} ms")
+            print(f"  listens_on (sock_diag)    {median_ms(ours, args.runs):6.2f} ms")
+            print(f"  listens_on (/proc/net)    {median_ms(from_proc, args.runs):6.2f} ms")
             print(f"  psutil net_connections    {median_ms(by_psutil, args.runs):6.2f} ms")
         finally:
             stop_group(child)

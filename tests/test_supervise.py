@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -395,13 +396,28 @@ _LISTENER = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("source", ["netlink", "proc"])
 @pytest.mark.parametrize("family", ["4", "6"])
-def test_listens_on_finds_the_listening_socket_and_nothing_else(family: str) -> None:
-    """``listens_on`` (read from ``/proc``) agrees with psutil: the listening port yes; a port
-    the process bound without listening, a port it does not hold, another process: no; a pid
-    that is gone: cannot tell."""
+def test_listens_on_finds_the_listening_socket_and_nothing_else(
+    family: str, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``listens_on`` agrees with psutil, through ``sock_diag`` and through its ``/proc/net``
+    fallback (used when netlink fails): the listening port yes; a port the process bound
+    without listening, a port it does not hold, another process: no; a pid that is gone: cannot
+    tell."""
     if family == "6" and not os.path.exists("/proc/net/tcp6"):
         pytest.skip("no IPv6 on this machine")
+    if source == "proc":
+
+        def no_netlink(port: int, family: socket.AddressFamily) -> set[int]:
+            raise OSError("sock_diag filtered")
+
+        monkeypatch.setattr(werk.supervise, "_listening_inodes_netlink", no_netlink)
+    else:
+        try:
+            werk.supervise._listening_inodes_netlink(0, socket.AF_INET)
+        except OSError as exc:
+            pytest.skip(f"no sock_diag netlink here ({exc})")
     child = subprocess.Popen(
         [sys.executable, "-c", _LISTENER, family], stdout=subprocess.PIPE, text=True
     )
@@ -415,6 +431,10 @@ def test_listens_on_finds_the_listening_socket_and_nothing_else(family: str) -> 
         conns = psutil.Process(child.pid).net_connections(kind="tcp")
         by_psutil = {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
         assert by_psutil == {listening}
+        if source == "netlink":  # it really answered: the same inodes as /proc/net
+            for af in (socket.AF_INET, socket.AF_INET6):
+                by_netlink = werk.supervise._listening_inodes_netlink(listening, af)
+                assert by_netlink == werk.supervise._listening_inodes_proc(listening, af)
     finally:
         child.kill()
         child.communicate()
