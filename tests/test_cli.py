@@ -420,7 +420,7 @@ def test_import_werk_cli_imports_no_command_module() -> None:
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
-    assert done.stdout.strip() == "['werk.cli.plugin_commands']"
+    assert done.stdout.strip() == "['werk.cli._gc', 'werk.cli.plugin_commands']"
 
 
 WERK_MAIN = (
