@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
+
+import msgspec
 
 from .protocol.capabilities import CapabilityId
 from .protocol.policy import PersistenceDefaults, Policy
@@ -86,8 +87,7 @@ OpenAIRoute = Literal[
 ``/v1/audio/transcriptions``, ``/v1/classifications`` (Werk's own: text classification)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec:
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A configured model as a backend sees it.
 
     :ivar id: the user-facing model id (``demo``).
@@ -107,7 +107,7 @@ class ModelSpec:
     backend: str
     identity: str
     files: tuple[Path, ...] = ()
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
     persistence: PersistenceDefaults | None = None
 
 
@@ -115,8 +115,7 @@ MAX_REQUIREMENT_BYTES = 1 << 50
 """A requirement above 1 PiB is a broken computation, not a model (refused)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class RuntimeRequirement:
+class RuntimeRequirement(msgspec.Struct, frozen=True, kw_only=True):
     """The memory one runtime needs, computed before it is started (admission control).
 
     :ivar nbytes: bytes to reserve: positive and at most :data:`MAX_REQUIREMENT_BYTES`; the
@@ -145,8 +144,7 @@ class RuntimeRequirement:
             raise ValueError("a requirement's parts must sum to its byte count")
 
 
-@dataclass(frozen=True, kw_only=True)
-class BackendDescriptor:
+class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     """What a plugin registers through :func:`werk_register_backends`.
 
     :ivar name: unique backend name, lower-case (``llamacpp``); prefixes plugin capability ids.
@@ -186,8 +184,7 @@ class BackendDescriptor:
             raise ValueError(f"backend {self.name!r} gives a requirement but cannot start")
 
 
-@dataclass(kw_only=True)
-class Runtime:
+class Runtime(msgspec.Struct, kw_only=True):
     """One live backend instance serving one model.
 
     :ivar backend: the owning backend's name (dispatch goes only to its plugin).
@@ -218,8 +215,7 @@ class Runtime:
     preparation: PagePreparation | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class CapabilityContext:
+class CapabilityContext(msgspec.Struct, frozen=True, kw_only=True):
     """What :func:`werk_capabilities` is asked about.
 
     :ivar backend: the backend whose rows are wanted (the plugin owns it).
@@ -239,8 +235,7 @@ class StateKind(enum.StrEnum):
     CONNECTOR = "connector"
 
 
-@dataclass(frozen=True, kw_only=True)
-class BackendState:
+class BackendState(msgspec.Struct, frozen=True, kw_only=True):
     """Opaque backend state. Exactly one of the value forms matches ``kind``.
 
     :ivar kind: which form the state takes.
@@ -273,8 +268,7 @@ class BackendState:
             raise ValueError(f"a {self.kind} state must carry exactly its own value form")
 
 
-@dataclass(frozen=True, kw_only=True)
-class PrefillCall:
+class PrefillCall(msgspec.Struct, frozen=True, kw_only=True):
     """Arguments of :func:`werk_prefill`. ``prompt`` xor ``messages``.
 
     :ivar policy: the effective (already defaulted) policy.
@@ -284,13 +278,12 @@ class PrefillCall:
 
     prompt: str | None = None
     messages: Sequence[ChatMessage] | None = None
-    policy: Policy = field(default_factory=Policy)
+    policy: Policy = msgspec.field(default_factory=Policy)
     keep: bool = False
     reuse_from: BackendState | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class PrefillOutcome:
+class PrefillOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """What :func:`werk_prefill` returns.
 
     :ivar state: the evaluated prefix (always present: decode continues from it).
@@ -303,8 +296,7 @@ class PrefillOutcome:
     cached_tokens: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class DecodeCall:
+class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):
     state: BackendState
     max_tokens: int = 64
     temperature: float = 0.0
@@ -312,8 +304,7 @@ class DecodeCall:
     stop: Sequence[str] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class DecodeOutcome:
+class DecodeOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """What :func:`werk_decode` returns. ``state`` is an optional replacement state."""
 
     text: str
@@ -322,8 +313,7 @@ class DecodeOutcome:
     state: BackendState | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExpertObservation:
+class ExpertObservation(msgspec.Struct, frozen=True, kw_only=True):
     """What a backend reports about one expert. ``nbytes=None``: size not observed."""
 
     id: str
@@ -331,8 +321,7 @@ class ExpertObservation:
     nbytes: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExpertReport:
+class ExpertReport(msgspec.Struct, frozen=True, kw_only=True):
     """What :func:`werk_observe_experts` returns.
 
     :ivar experts: the experts the backend observes now, with their tiers and known sizes.
@@ -345,22 +334,19 @@ class ExpertReport:
     complete: bool = True
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExpertMove:
+class ExpertMove(msgspec.Struct, frozen=True, kw_only=True):
     expert_ids: Sequence[str]
     target: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExpertMoveOutcome:
+class ExpertMoveOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """Which experts the backend actually moved; the host updates metadata only for these."""
 
     moved: Sequence[str]
     failed: Sequence[str] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class OpenAICall:
+class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
     """An OpenAI-compatible request for :func:`werk_openai`.
 
     :ivar route: one of :data:`OpenAIRoute` (only routes the backend's descriptor lists in
@@ -381,8 +367,7 @@ class OpenAICall:
     cache_salt: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class OpenAIReply:
+class OpenAIReply(msgspec.Struct, frozen=True, kw_only=True):
     """A backend's answer: a complete JSON object, SSE ``data`` payloads (no ``[DONE]``), or
     (``audio.speech``) the bytes of a file with their ``media_type``."""
 
@@ -411,8 +396,7 @@ class NativeDir(Protocol):
     def __call__(self, create: bool) -> Path | None: ...
 
 
-@dataclass(frozen=True, kw_only=True)
-class NativeContext:
+class NativeContext(msgspec.Struct, frozen=True, kw_only=True):
     """What :func:`werk_chat_native_cache` is given once the local runtime is up.
 
     :ivar runtime: the live local runtime.
@@ -427,8 +411,7 @@ class NativeContext:
     phase: Callable[[str], None]
 
 
-@dataclass(frozen=True, kw_only=True)
-class TurnOutcome:
+class TurnOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """How one terminal-chat turn ended.
 
     :ivar complete: a finish reason arrived and the stream ended cleanly (not cancelled, no
@@ -443,7 +426,7 @@ class TurnOutcome:
     complete: bool
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    messages: Sequence[dict[str, Any]] = field(default_factory=tuple)
+    messages: Sequence[dict[str, Any]] = msgspec.field(default_factory=tuple)
     reply: str = ""
 
 

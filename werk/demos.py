@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 __all__ = ["DemoModel", "DemoRequest"]
 
 _KIND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 
-@dataclass(frozen=True, kw_only=True)
-class DemoRequest:
+class DemoRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What the user asked ``create-demo`` for.
 
     :ivar model_id: the id the model will be imported as.
@@ -37,11 +37,10 @@ class DemoRequest:
     output: Path | None = None
     seed: int = 0
     size: str = "tiny"
-    progress: Callable[[str], None] = field(default=lambda line: None)
+    progress: Callable[[str], None] = msgspec.field(default=lambda line: None)
 
 
-@dataclass(frozen=True, kw_only=True)
-class DemoModel:
+class DemoModel(msgspec.Struct, frozen=True, kw_only=True):
     """One kind of demo model a plugin can generate.
 
     :ivar kind: the ``--kind`` name (lower-case, e.g. ``gguf``, ``vllm``).
@@ -58,7 +57,7 @@ class DemoModel:
     backend: str
     description: str
     create: Callable[[DemoRequest], Sequence[Path]]
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _KIND.match(self.kind):

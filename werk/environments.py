@@ -36,9 +36,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
+
+import msgspec
 
 from ._fs import replace_private_file
 from .config import backends_dir
@@ -59,8 +60,7 @@ _TMP_PREFIX = ".venv-building-"
 PIP_TIMEOUT_SECONDS = 3600.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class EnvironmentSpec:
+class EnvironmentSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What one backend's worker needs installed.
 
     :ivar name: the environment's name (``werk backends install NAME``; lower-case).
@@ -85,7 +85,7 @@ class EnvironmentSpec:
     remove: tuple[str, ...] = ()
     imports: tuple[str, ...] = ()
     present: tuple[str, ...] = ()
-    environment: Mapping[str, str] = field(default_factory=dict)
+    environment: Mapping[str, str] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or not set(self.name) <= _NAME_CHARS:
@@ -119,8 +119,7 @@ class EnvironmentState(enum.StrEnum):
     BROKEN = "broken"
 
 
-@dataclass(frozen=True)
-class EnvironmentStatus:
+class EnvironmentStatus(msgspec.Struct, frozen=True):
     """What ``werk backends list`` shows for one environment."""
 
     name: str
@@ -128,11 +127,10 @@ class EnvironmentStatus:
     path: Path
     detail: str
     installed_at: str | None = None
-    distributions: Mapping[str, str] = field(default_factory=dict)
+    distributions: Mapping[str, str] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class InstallStep:
+class InstallStep(msgspec.Struct, frozen=True):
     """Progress of an install: step ``index`` of ``total`` (``label``), and the latest line of
     pip's output while a step runs (``None`` at the start of a step)."""
 

@@ -17,10 +17,10 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
+import msgspec
 import pluggy
 
 from . import hookspecs
@@ -76,16 +76,15 @@ _warned: set[str] = set()
 """Plugins whose import or registration failure was already logged by this process."""
 
 
-@dataclass
-class PluginRecord:
+class PluginRecord(msgspec.Struct):
     """What the host knows about one plugin, loaded or not."""
 
     name: str
     version: str | None
     status: PluginStatus
     error: str | None = None
-    backends: list[str] = field(default_factory=list)
-    hooks: list[str] = field(default_factory=list)
+    backends: list[str] = msgspec.field(default_factory=list)
+    hooks: list[str] = msgspec.field(default_factory=list)
     plugin: object | None = None
     traceback: str | None = None
     """The failure's full traceback (``werk plugins -v`` shows it)."""

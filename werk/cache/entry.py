@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 __all__ = ["ENTRY_ID_PATTERN", "CacheEntry"]
 
@@ -19,8 +20,7 @@ ENTRY_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MAX_DESCRIPTION = 200
 
 
-@dataclass(frozen=True, kw_only=True)
-class CacheEntry:
+class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One plugin-owned cache on disk (for example an oMLX worker's cache directory).
 
     The host shows it as ``worker:<plugin>/<id>`` in ``werk cache list`` and asks the plugin

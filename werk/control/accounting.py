@@ -10,7 +10,8 @@ import enum
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from ..protocol.base import rfc3339
 from ..protocol.stats import ModelReuse, RestoreCounts, StatsResponse
@@ -23,8 +24,7 @@ class RestoreResult(enum.Enum):
     REFUSED = "refused"
 
 
-@dataclass
-class _Counts:
+class _Counts(msgspec.Struct):
     prefills: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0

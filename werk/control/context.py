@@ -8,9 +8,10 @@ not on :class:`~werk.control.service.LocalControlService` (which builds them): n
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import msgspec
 
 from ..backends import ModelSpec, Runtime
 from ..models import ModelManifest
@@ -28,8 +29,7 @@ from .volatile import VolatileStates
 __all__ = ["ServiceConfig", "ServiceContext"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class ServiceConfig:
+class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What ``werk serve`` decided at startup (models as manifests, or specs when embedded)."""
 
     home: Path

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import threading
-from dataclasses import dataclass, field
+
+import msgspec
 
 from ..protocol.memory import MemoryResponse
 from ..protocol.stats import ModelReuse
@@ -19,8 +20,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 """Seconds; Prometheus' default buckets extended to a minute (large state commits)."""
 
 
-@dataclass(frozen=True)
-class HistogramSnapshot:
+class HistogramSnapshot(msgspec.Struct, frozen=True):
     """Cumulative counts per upper bound (the last bound is ``+Inf``), the sum and the count."""
 
     buckets: tuple[tuple[float, int], ...]
@@ -51,8 +51,7 @@ class Histogram:
             return HistogramSnapshot(tuple(cumulative), self._sum, running)
 
 
-@dataclass(frozen=True)
-class ServiceFigures:
+class ServiceFigures(msgspec.Struct, frozen=True):
     """One consistent read of everything ``/metrics`` reports besides HTTP traffic.
 
     :ivar runtime_events: per backend, ``starts``, ``crashes`` (found dead) and ``restarts``
@@ -72,4 +71,4 @@ class ServiceFigures:
     commit_seconds: HistogramSnapshot
     restore_seconds: HistogramSnapshot
     memory: MemoryResponse
-    loaded_runtimes: dict[str, int] = field(default_factory=dict)
+    loaded_runtimes: dict[str, int] = msgspec.field(default_factory=dict)

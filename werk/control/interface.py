@@ -9,11 +9,11 @@ principal (``local`` or ``p_<hex>``), never an API key.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
 import anyio.abc
+import msgspec
 
 from ..backends import OpenAIReply, OpenAIRoute
 from ..protocol import (
@@ -48,8 +48,7 @@ from .figures import ServiceFigures
 __all__ = ["StateQuery", "WerkControl"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class StateQuery:
+class StateQuery(msgspec.Struct, frozen=True, kw_only=True):
     """Filters of ``GET /werk/v1/states``."""
 
     model: str | None = None

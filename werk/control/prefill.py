@@ -17,11 +17,11 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from ..backends import (
     BackendState,
@@ -70,8 +70,7 @@ __all__ = ["PrefillFlow"]
 log = logging.getLogger("werk.control")
 
 
-@dataclass(frozen=True)
-class _Reusable:
+class _Reusable(msgspec.Struct, frozen=True):
     state_id: str
     payload: BackendState
     summary: StateSummary
@@ -81,8 +80,7 @@ class _Reusable:
     """Handed to the backend from the disk store in this request (counted as a restore)."""
 
 
-@dataclass(frozen=True)
-class _Live:
+class _Live(msgspec.Struct, frozen=True):
     """What a handoff carries to decode (opaque to the registry)."""
 
     model: str

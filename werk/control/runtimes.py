@@ -30,11 +30,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import anyio.from_thread
+import msgspec
 
 from .._units import format_bytes
 from ..backends import BackendDescriptor, ModelSpec, Runtime, RuntimeRequirement
@@ -60,15 +60,13 @@ DEFAULT_KEEP_ALIVE_SECONDS = 300.0
 """``werk serve --keep-alive``'s default (5 minutes, as Ollama)."""
 
 
-@dataclass(frozen=True)
-class KeepAlive:
+class KeepAlive(msgspec.Struct, frozen=True):
     """A request's own keep-alive: ``seconds`` idle before unloading, ``None`` = never."""
 
     seconds: float | None
 
 
-@dataclass(frozen=True, kw_only=True)
-class RuntimeEntry:
+class RuntimeEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One loaded runtime as ``werk ps`` shows it.
 
     :ivar started_at: wall-clock seconds when it was started.

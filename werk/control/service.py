@@ -9,7 +9,6 @@ threads so the event loop keeps serving.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import logging
 import time
@@ -18,6 +17,7 @@ from typing import Any, Literal
 
 import anyio
 import anyio.abc
+import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
 from .._version import PROTOCOL_VERSION, __version__
@@ -178,7 +178,7 @@ class LocalControlService(WerkControl):
     def _with_defaults(self, spec: ModelSpec) -> ModelSpec:
         """The spec a backend starts: with this server's persistence defaults, if it has any."""
         defaults = self.config.persistence_defaults
-        return spec if defaults is None else dataclasses.replace(spec, persistence=defaults)
+        return spec if defaults is None else msgspec.structs.replace(spec, persistence=defaults)
 
     # -- shared helpers ----------------------------------------------------------------------
 

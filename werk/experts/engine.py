@@ -30,8 +30,9 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 from ..backends import ExpertObservation
 from ..protocol.errors import Conflict, InvalidRequest, NotFound, ResourceExhausted
@@ -72,16 +73,14 @@ class StaleClaim(Conflict):
     """The claim is unknown, already completed or aborted."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class PlannedMove:
+class PlannedMove(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     from_: ExpertTier
     to: ExpertTier
     nbytes: int | None
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExpertPlan:
+class ExpertPlan(msgspec.Struct, frozen=True, kw_only=True):
     """A bounded plan. ``skipped`` holds ``(id, reason)`` for every considered id not planned."""
 
     kind: Literal["prefetch", "evict"]
@@ -94,8 +93,7 @@ class ExpertPlan:
         return tuple(move.id for move in self.moves)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExpertClaim:
+class ExpertClaim(msgspec.Struct, frozen=True, kw_only=True):
     """Exclusive right to move ``expert_ids`` to ``target`` until completed or aborted."""
 
     id: str
@@ -103,8 +101,7 @@ class ExpertClaim:
     expert_ids: tuple[str, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExpertCompletion:
+class ExpertCompletion(msgspec.Struct, frozen=True, kw_only=True):
     """What :meth:`ExpertEngine.complete` changed.
 
     :ivar applied: moves recorded (the adapter reported them moved).
@@ -117,8 +114,7 @@ class ExpertCompletion:
     ignored: tuple[str, ...]
 
 
-@dataclass
-class _Expert:
+class _Expert(msgspec.Struct):
     id: str
     tier: ExpertTier
     nbytes: int | None

@@ -8,7 +8,6 @@ rejection and error mapping are the same everywhere. The route table is data
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -60,8 +59,7 @@ PROMPT_BODY = 32 * 1024 * 1024  # a 4 Mi-character prompt in 4-byte UTF-8 plus f
 Handler = Callable[["Call"], Awaitable[Any]]
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(msgspec.Struct, frozen=True):
     """What a handler receives: the service, the caller's principal and the request."""
 
     control: WerkControl
@@ -82,8 +80,7 @@ class Call:
         return await read_struct(self.request, type, limit)
 
 
-@dataclass(frozen=True)
-class RouteSpec:
+class RouteSpec(msgspec.Struct, frozen=True):
     """One served route: method, path, request/response Structs, and whether auth applies."""
 
     method: str

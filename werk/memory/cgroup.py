@@ -33,8 +33,9 @@ absent.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 __all__ = ["UNLIMITED_V1_THRESHOLD", "CgroupBudget", "CgroupReadError", "read_cgroup_budget"]
 
@@ -48,8 +49,7 @@ class CgroupReadError(RuntimeError):
     """A cgroup control file exists but could not be read or parsed."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class CgroupBudget:
+class CgroupBudget(msgspec.Struct, frozen=True, kw_only=True):
     """The binding memory limit on this process and how much of it is still free.
 
     :ivar version: 1 or 2, the hierarchy the numbers come from.
@@ -67,8 +67,7 @@ class CgroupBudget:
     headroom_bytes: int
 
 
-@dataclass(frozen=True)
-class _Mount:
+class _Mount(msgspec.Struct, frozen=True):
     root: str
     mountpoint: str
     fstype: str

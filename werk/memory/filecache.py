@@ -31,8 +31,9 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from ..protocol.errors import InvalidRequest
 
@@ -94,8 +95,7 @@ def cache_release_enabled(
     return mode is CacheReleaseMode.ON
 
 
-@dataclass(frozen=True)
-class FileRelease:
+class FileRelease(msgspec.Struct, frozen=True):
     """What the release did for one file.
 
     :ivar outcome: ``released`` (advice accepted), ``kept: release off``, ``kept: leased
@@ -107,8 +107,7 @@ class FileRelease:
     outcome: str
 
 
-@dataclass
-class _Leased:
+class _Leased(msgspec.Struct):
     path: str
     fd: int
     identity: tuple[int, int, int, int]

@@ -45,8 +45,9 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Literal
+
+import msgspec
 
 from .._units import format_bytes
 from ..protocol.base import rfc3339
@@ -104,8 +105,7 @@ class StaleReservation(Conflict):
     """The reservation or allocation is unknown here, or not in a state that allows this."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Reservation:
+class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     """A pending reservation (a handle; the manager holds the accounting)."""
 
     id: str
@@ -114,8 +114,7 @@ class Reservation:
     nbytes: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class Allocation:
+class Allocation(msgspec.Struct, frozen=True, kw_only=True):
     """A committed allocation (a handle; the manager holds the accounting)."""
 
     id: str
@@ -124,8 +123,7 @@ class Allocation:
     nbytes: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReliefCallbacks:
+class ReliefCallbacks(msgspec.Struct, frozen=True, kw_only=True):
     """How the manager finds and acts on relief candidates.
 
     :ivar candidates: the states of a tier that could be demoted or evicted.
@@ -137,8 +135,7 @@ class ReliefCallbacks:
     execute: Callable[[ReliefAction], bool]
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReliefReport:
+class ReliefReport(msgspec.Struct, frozen=True, kw_only=True):
     """What the last relief pass planned and what its callbacks reported."""
 
     plan: ReliefPlan
@@ -146,8 +143,7 @@ class ReliefReport:
     failed: tuple[str, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
-class PoolView:
+class PoolView(msgspec.Struct, frozen=True, kw_only=True):
     """One pool's numbers at the last evaluation (``None`` = not observed)."""
 
     name: Literal["shared", "ram", "vram"]
@@ -159,8 +155,7 @@ class PoolView:
     pressure: PressureLevel
 
 
-@dataclass
-class _Record:
+class _Record(msgspec.Struct):
     id: str
     owner: str
     tier: MemoryTier
@@ -170,8 +165,7 @@ class _Record:
     orphaned: bool = False
 
 
-@dataclass
-class _Counters:
+class _Counters(msgspec.Struct):
     failed_releases: int = 0
     orphaned_release_bytes: int = 0
     telemetry_errors: int = 0
@@ -179,13 +173,12 @@ class _Counters:
     backend_cleanup_latched: int = 0
 
 
-@dataclass
-class _Sample:
+class _Sample(msgspec.Struct):
     host: HostMemory | None
     accelerators: AcceleratorSample
     unified: bool
     wall: float
-    pools: dict[str, PoolView] = field(default_factory=dict)
+    pools: dict[str, PoolView] = msgspec.field(default_factory=dict)
 
 
 def reservations_capability(
@@ -545,7 +538,9 @@ class MemoryManager:
             if pool is None or pool.capacity_bytes is None or pool.effective_used_bytes is None:
                 return None
             pinned = {r.owner for r in self._records.values() if r.pinned}
-            candidates = [replace(c, pinned=True) if c.id in pinned else c for c in offered]
+            candidates = [
+                msgspec.structs.replace(c, pinned=True) if c.id in pinned else c for c in offered
+            ]
             now = self._clock()
             plan = plan_relief(
                 used=pool.effective_used_bytes,

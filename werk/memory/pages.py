@@ -10,16 +10,16 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 __all__ = ["MAP_FAILED", "PAGE_SIZE", "Residency", "libc_calls", "resident_pages"]
 
 PAGE_SIZE = mmap.PAGESIZE
 
 
-@dataclass(frozen=True)
-class Residency:
+class Residency(msgspec.Struct, frozen=True):
     """How many of a file range's pages are in the page cache."""
 
     resident: int

@@ -35,9 +35,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ..protocol.memory import HostMemory
 from ..protocol.residency import PagePreparation
@@ -89,8 +90,7 @@ def host_budget(sampler: Callable[[], HostMemory] = sample_host) -> Budget:
     return check
 
 
-@dataclass(frozen=True, order=True)
-class PageRange:
+class PageRange(msgspec.Struct, frozen=True, order=True):
     """A byte range of a file (page-aligned once passed through :func:`complete_pages`)."""
 
     offset: int

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
 from fractions import Fraction
+
+import msgspec
 
 from .pressure import ACTION_COOLDOWN_S, HARD_THRESHOLD, utilisation
 
@@ -50,8 +51,7 @@ class ReliefKind(enum.StrEnum):
     EVICT = "evict"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReliefCandidate:
+class ReliefCandidate(msgspec.Struct, frozen=True, kw_only=True):
     """A state the caller could demote or evict.
 
     :ivar id: the state's id (equal to the owner of its memory allocation, if any).
@@ -72,15 +72,13 @@ class ReliefCandidate:
     can_demote: bool = False
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReliefAction:
+class ReliefAction(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     kind: ReliefKind
     bytes: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReliefPlan:
+class ReliefPlan(msgspec.Struct, frozen=True, kw_only=True):
     """The outcome of planning.
 
     :ivar actions: in execution order.

@@ -40,10 +40,10 @@ import re
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
+import msgspec
 import psutil
 
 from ..protocol.memory import AcceleratorMemory, HostMemory
@@ -72,8 +72,7 @@ class TelemetryError(RuntimeError):
     """A telemetry source could not be sampled."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class HostBudget:
+class HostBudget(msgspec.Struct, frozen=True, kw_only=True):
     """A host sample and where its total came from.
 
     :ivar memory: the effective numbers (see the module docstring for the formula).
@@ -148,8 +147,7 @@ def is_apple_silicon(system: str | None = None, machine: str | None = None) -> b
     return system == "Darwin" and machine.lower() in ("arm64", "aarch64")
 
 
-@dataclass(frozen=True)
-class AcceleratorSample:
+class AcceleratorSample(msgspec.Struct, frozen=True):
     """``devices`` is ``[]`` when NVML sampled and found none, ``None`` when it could not sample.
 
     :ivar reason: why ``devices`` is empty or ``None``.

@@ -35,7 +35,8 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+
+import msgspec
 
 __all__ = ["FULL_PASS_SECONDS", "CleanMarks", "Mark"]
 
@@ -43,8 +44,7 @@ FULL_PASS_SECONDS = 60.0
 """The longest a catalog goes without a whole-store reconciliation before a mutation."""
 
 
-@dataclass(frozen=True, slots=True)
-class Mark:
+class Mark(msgspec.Struct, frozen=True):
     """A directory as of one ``stat``: any entry added, removed or renamed changes it."""
 
     inode: int

@@ -9,7 +9,6 @@ kept in their own files (``pinned``, ``last-accessed``).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from typing import Annotated, Literal
@@ -100,8 +99,7 @@ def principal_from_dir_name(name: str) -> str | None:
     return principal if PRINCIPAL_PATTERN.fullmatch(principal) else None
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class StoredState:
+class StoredState(msgspec.Struct, frozen=True, kw_only=True):
     """One published state as the catalog sees it. Never contains a path or a handle."""
 
     id: str

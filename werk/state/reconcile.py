@@ -19,12 +19,13 @@ One pass over ``runtime-state/v1``:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import os
 import re
 import secrets
 import stat
+
+import msgspec
 
 from .. import _fs
 from .._fs import TMP_PREFIX, Rejected, check_private_dir, fsync_dir, lstat_at, open_dir
@@ -43,19 +44,18 @@ __all__ = ["ReconcileReport", "Reconciler", "delete_state"]
 _QUARANTINE_NAME = re.compile(r"^(\d{12})-[0-9a-f]{12}$")
 
 
-@dataclasses.dataclass(slots=True)
-class ReconcileReport:
+class ReconcileReport(msgspec.Struct):
     """What one reconciliation pass did (counts, plus the ids of expired states deleted)."""
 
     staging_removed: int = 0
     trash_removed: int = 0
     tmp_removed: int = 0
-    expired_deleted: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    expired_deleted: list[tuple[str, str]] = msgspec.field(default_factory=list)
     """``(principal, state_id)`` of each expired state deleted."""
     quarantined: int = 0
     unsafe_unlinked: int = 0
     quarantine_deleted: int = 0
-    expiries: dict[str, float] = dataclasses.field(default_factory=dict)
+    expiries: dict[str, float] = msgspec.field(default_factory=dict)
     """Principal directory name → the earliest expiry among the states kept there."""
 
 

@@ -7,7 +7,6 @@ invalid inspection; an executable replaced during startup; PDEATHSIG when Werk i
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import msgspec
 import psutil
 import pytest
 from test_llamacpp_process_support import (
@@ -422,7 +422,7 @@ async def test_a_rehash_begun_early_is_what_the_check_after_readiness_compares(
     with pytest.raises(ExecutableChanged, match="changed while the model was starting"):
         await start_runtime(spec_for(model), rehash=(inspection, wrong))
     assert llama_children() == []
-    other = dataclasses.replace(inspection)  # equal, but not the inspection this start uses
+    other = msgspec.structs.replace(inspection)  # equal, but not the inspection this start uses
     runtime = await start_runtime(spec_for(model), rehash=(other, wrong))
     try:
         assert runtime.alive

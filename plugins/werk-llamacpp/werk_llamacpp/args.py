@@ -32,9 +32,10 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from werk import CapabilityId, InvalidRequest, ModelSpec, Unavailable
 
@@ -95,8 +96,7 @@ _KNOWN_OPTIONS = {
 }
 
 
-@dataclass(frozen=True)
-class LaunchOptions:
+class LaunchOptions(msgspec.Struct, frozen=True):
     native_args: tuple[str, ...] = ()
     warmup_tokens: int = 0
     parallel: int = DEFAULT_PARALLEL
@@ -184,8 +184,7 @@ def check_native_args(native: Sequence[str], inspection: Inspection) -> None:
             )
 
 
-@dataclass(frozen=True)
-class BuiltArgs:
+class BuiltArgs(msgspec.Struct, frozen=True):
     """One child's command line.
 
     :ivar argv: the exact arguments (after the executable) — contains the API key.

@@ -24,8 +24,9 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import msgspec
 
 from werk import replace_private_file, werk_home
 
@@ -64,8 +65,7 @@ def lineage_of(
     return hashlib.sha256(canonical).hexdigest()[:32]
 
 
-@dataclass(frozen=True)
-class Canary:
+class Canary(msgspec.Struct, frozen=True):
     """What an earlier generation recorded with its slot file.
 
     :ivar generation: the generation that saved it.
@@ -138,7 +138,7 @@ def store_canary(lineage: str, slot_file: Path, canary: Canary) -> None:
             replace_private_file(dir_fd, "slot.bin", slot_file.read_bytes())
             record = {
                 "schema": SCHEMA,
-                **asdict(canary),
+                **msgspec.structs.asdict(canary),
                 "tokens": list(canary.tokens),
                 "top_logprobs": [list(pair) for pair in canary.top_logprobs],
             }

@@ -19,10 +19,10 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import platformdirs
 
 __all__ = ["CACHE_ENV", "ENV", "OPTION", "Located", "cache_root", "locate_llama_server"]
@@ -33,8 +33,7 @@ OPTION = "llama_server"
 """The model manifest option naming a configured executable path."""
 
 
-@dataclass(frozen=True)
-class Located:
+class Located(msgspec.Struct, frozen=True):
     path: Path | None
     reason: str
 

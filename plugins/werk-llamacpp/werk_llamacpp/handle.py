@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 if TYPE_CHECKING:
     from werk import LoopbackClient
@@ -27,8 +28,7 @@ class ProbeStatus(enum.Enum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True)
-class ProbeResult:
+class ProbeResult(msgspec.Struct, frozen=True):
     status: ProbeStatus
     reason: str
     """One line for the capability rows: why the state capabilities are (un)available."""

@@ -26,7 +26,6 @@ but it disables native persistence: the generation's state capabilities stay una
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -35,11 +34,11 @@ import subprocess
 import threading
 from collections.abc import AsyncIterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from werk import CapabilityId, Unavailable, replace_private_file, werk_home
 
@@ -80,8 +79,7 @@ class ExecutableChanged(Unavailable):
     """The executable changed between inspection and the running child (retry starts anew)."""
 
 
-@dataclass(frozen=True)
-class FileIdentity:
+class FileIdentity(msgspec.Struct, frozen=True):
     path: str
     device: int
     inode: int
@@ -95,8 +93,7 @@ class FileIdentity:
         return cls(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-@dataclass(frozen=True)
-class Inspection:
+class Inspection(msgspec.Struct, frozen=True):
     """What one inspection of one executable found.
 
     :ivar sha256: hex digest of the binary (``Runtime.executable`` is ``sha256:<hex>``).
@@ -212,7 +209,7 @@ def inspection_dir() -> Path:
 
 
 def _cache_file(identity: FileIdentity, prefix: str = "") -> Path:
-    key = hashlib.sha256(repr(dataclasses.astuple(identity)).encode()).hexdigest()[:32]
+    key = hashlib.sha256(repr(msgspec.structs.astuple(identity)).encode()).hexdigest()[:32]
     return inspection_dir() / f"{prefix}{key}.json"
 
 
@@ -234,7 +231,7 @@ def load_record(
         return None
     if not isinstance(record, dict) or record.get("version") != version:
         return None
-    if record.get("identity") != list(dataclasses.astuple(identity)):
+    if record.get("identity") != list(msgspec.structs.astuple(identity)):
         return None
     return record
 
@@ -244,7 +241,7 @@ def store_record(
 ) -> None:
     """Record ``record`` for exactly ``identity`` (best effort, atomic and private: a failure
     only costs time on the next start)."""
-    record = {"version": version, "identity": list(dataclasses.astuple(identity)), **record}
+    record = {"version": version, "identity": list(msgspec.structs.astuple(identity)), **record}
     target = _cache_file(identity, prefix)
     with contextlib.suppress(OSError):
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

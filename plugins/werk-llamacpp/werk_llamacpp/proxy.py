@@ -40,7 +40,6 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -121,8 +120,7 @@ def map_backend_error(status: int, content: bytes) -> WerkError:
     return BackendError(f"llama-server failed the request (HTTP {status})")
 
 
-@dataclass(frozen=True)
-class PinnedSlot:
+class PinnedSlot(msgspec.Struct, frozen=True):
     """``body["id_slot"]`` from an in-process owner of a state slot (see the module docstring).
 
     :ivar slot: one of the child's ``state_slots``.

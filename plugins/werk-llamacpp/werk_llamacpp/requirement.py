@@ -37,12 +37,12 @@ refused (``invalid_request``) rather than guessed.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from werk import InvalidRequest, ModelSpec, RuntimeRequirement
 
@@ -81,8 +81,7 @@ _CACHE_TYPE_BYTES = {
 }
 
 
-@dataclass(frozen=True)
-class MemoryRequirement:
+class MemoryRequirement(msgspec.Struct, frozen=True):
     """Bytes one child needs (see the module docstring for each part)."""
 
     weights_bytes: int
@@ -121,8 +120,7 @@ def _cache_type_bytes(argv: Sequence[str], *spellings: str) -> float:
     return size
 
 
-@dataclass(frozen=True)
-class HeaderFacts:
+class HeaderFacts(msgspec.Struct, frozen=True):
     """What the formula needs from one GGUF header (cached per file identity)."""
 
     n_layer: int
@@ -197,7 +195,7 @@ def _facts_from_record(facts: object) -> HeaderFacts | None:
         cached = HeaderFacts(**{**facts, "expert_ranges": tuple(tuple(r) for r in ranges)})
     except TypeError:
         return None
-    for name, value in dataclasses.asdict(cached).items():
+    for name, value in msgspec.structs.asdict(cached).items():
         if name == "expert_ranges" or (name == "context_length" and value is None):
             continue
         if not _count(value) or value == 0:
@@ -222,7 +220,7 @@ def header_facts(model: Path) -> HeaderFacts:
     if FileIdentity.of(model) == identity:  # not replaced while it was read
         store_record(
             identity,
-            {"facts": dataclasses.asdict(read)},
+            {"facts": msgspec.structs.asdict(read)},
             prefix=HEADER_CACHE_PREFIX,
             version=HEADER_CACHE_VERSION,
         )

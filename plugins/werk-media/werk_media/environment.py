@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from werk import (
     CapabilityId,
@@ -76,8 +77,7 @@ QWEN_REQUIREMENTS = (
 QWEN_PACKAGE = "qwen-tts==0.1.1"
 
 
-@dataclass(frozen=True)
-class MediaPython:
+class MediaPython(msgspec.Struct, frozen=True):
     """An interpreter with the media libraries, and where it came from."""
 
     python: Path
