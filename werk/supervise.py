@@ -144,7 +144,7 @@ def listens_on(pid: int, port: int) -> bool | None:
 
     On Linux: the socket inodes among the process's descriptors (``/proc/PID/fd``), compared
     with the inodes of the machine's listening TCP sockets on ``port``, which the kernel's
-    ``sock_diag`` netlink interface lists (what ``ss -tln`` asks; 0.1 ms), or where that is not
+    ``sock_diag`` netlink interface lists (what ``ss -tln`` asks; 0.05 ms), or where that is not
     available, ``/proc/net/tcp`` and, only if needed, ``tcp6`` (3.5 ms, nearly all of it the
     kernel writing the table). Elsewhere psutil's ``net_connections`` (7 ms here). A backend asks
     right after readiness, on the way to the first token (``benchmarks/spawn_launcher.py``
@@ -211,8 +211,10 @@ def _listening_inodes_netlink(port: int, family: socket.AddressFamily) -> set[in
     """The inodes of the TCP sockets of ``family`` in LISTEN state on ``port``: one
     ``SOCK_DIAG_BY_FAMILY`` dump that asks for listening sockets only.
 
-    :raises OSError: netlink or ``sock_diag`` is not available, or the answer is malformed."""
+    :raises OSError: netlink or ``sock_diag`` is not available, the answer is malformed, or
+        none came within a second (a sandbox that accepts the socket but never answers)."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)
         body = _INET_DIAG_REQ_V2.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN)
         header = _NLMSG_HEADER.pack(
             _NLMSG_HEADER.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, 1, 0
