@@ -84,11 +84,16 @@ def test_a_crashed_child_is_replaced_on_the_next_request(tmp_path: Path) -> None
         os.kill(first.pid, signal.SIGKILL)
         assert wait_until(lambda: gone(first.pid), timeout=15)
 
-        def state_rows() -> set[str]:
+        def holds_the_model() -> bool:
             rows = client.get("/werk/v1/capabilities", params={"model": "demo"}).json()
-            return {r["status"] for r in rows["capabilities"] if r["id"].startswith("runtime.pd")}
+            (residency,) = [r for r in rows["capabilities"] if r["id"] == "runtime.model_residency"]
+            return "holds the model" in residency["reason"]
 
-        assert wait_until(lambda: state_rows() == {"unavailable"}, timeout=15)
+        # Until Werk has seen the exit, a request may still reach the dying child and get the
+        # honest, retryable 503 ("... exited; the next request starts a new one"): a killed
+        # process's leader shows as a zombie (gone() above) a moment before the kernel reports
+        # the whole thread group's exit to waitid. The residency row says when Werk knows.
+        assert wait_until(lambda: not holds_the_model(), timeout=15)
         response = client.post("/v1/chat/completions", json=CHAT)
         assert response.status_code == 200, response.text
         (second,) = llama_children(served.process.pid)
