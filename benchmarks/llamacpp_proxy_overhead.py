@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,15 +117,25 @@ def wait_http(
 
 @contextlib.contextmanager
 def werk_serve(
-    home: Path, models: Sequence[str], log: Path, client: httpx.Client | None = None
+    home: Path,
+    models: Sequence[str],
+    log: Path,
+    client: httpx.Client | None = None,
+    *,
+    program: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Served]:
-    """Run ``werk serve`` until the block ends; ``client`` (if given) polls its health."""
+    """Run ``werk serve`` until the block ends; ``client`` (if given) polls its health.
+    ``program``: what runs instead of the ``werk`` script (e.g. ``python -c BOOTSTRAP``), given
+    the same arguments (``serve --port … --model …``)."""
     port = free_port()
+    env = {**werk_env(home), **(extra_env or {})}
+    argv = [*(program or [str(WERK)]), "serve", "--port", str(port)]
     started = time.perf_counter()
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(WERK), "serve", "--port", str(port), *[a for m in models for a in ("--model", m)]],
-            env=werk_env(home),
+            [*argv, *[a for m in models for a in ("--model", m)]],
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

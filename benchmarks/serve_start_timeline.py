@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,9 +24,7 @@ from pathlib import Path
 
 import httpx
 from llamacpp_cold_start import first_token
-from llamacpp_proxy_overhead import create_demo, free_port, wait_http, werk_env
-
-from werk.supervise import stop_group
+from llamacpp_proxy_overhead import create_demo, werk_serve
 
 BOOTSTRAP = r"""
 import functools, importlib.abc, importlib.util, json, os, sys, threading, time
@@ -97,34 +94,25 @@ main()
 
 
 def one_start(home: Path, work: Path, run: int) -> dict[str, tuple[float, str]]:
-    port = free_port()
     out = work / f"timeline-{run}.jsonl"
-    env = werk_env(home)
     with httpx.Client(timeout=600) as client:
-        started = time.time()
-        env.update(WERK_TIMELINE_T0=repr(started), WERK_TIMELINE_OUT=str(out))
-        with (work / f"serve-{run}.log").open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, "serve", "--port", str(port), "--model", "demo"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_http(f"{url}/werk/v1/health", process, client=client)
-            health = time.time() - started
-            token = first_token(client, url, {})
-            token_at = time.time() - (time.perf_counter() - token) - started
-        finally:
-            stop_group(process, grace=60)
+        started = time.time()  # the bootstrap's zero: ~0.1 ms before the spawn itself
+        with werk_serve(
+            home,
+            ["demo"],
+            work / f"serve-{run}.log",
+            client,
+            program=[sys.executable, "-c", BOOTSTRAP],
+            extra_env={"WERK_TIMELINE_T0": repr(started), "WERK_TIMELINE_OUT": str(out)},
+        ) as served:
+            health = time.perf_counter() - served.started
+            token = first_token(client, served.url, {}) - served.started
     steps: dict[str, tuple[float, str]] = {}
     for line in out.read_text().splitlines():
         at, what, thread = json.loads(line)
         steps.setdefault(what, (at, thread))  # the first occurrence of each step
     steps["/werk/v1/health answered (client)"] = (health, "client")
-    steps["first token (client)"] = (token_at, "client")
+    steps["first token (client)"] = (token, "client")
     return steps
 
 
