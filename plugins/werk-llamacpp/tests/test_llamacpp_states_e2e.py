@@ -117,7 +117,13 @@ class ManagedChild:
         return total - 1  # the process layer reserves the last slot for states
 
     def prompt_evals(self, slot: int) -> list[int]:
-        return prompt_evals(self.log_path, slot)
+        """:func:`prompt_evals` once the log shows every slot's last task as ``/slots`` reports
+        it: the logger thread can be a whole task behind the HTTP answer (launch line included;
+        CI once read ``[]`` right after a decode), as in the support module's ``Child``."""
+        with self.direct() as direct:
+            slots = direct.get("/slots").json()
+        last = [s["id_task"] for s in slots if isinstance(s.get("id_task"), int)]
+        return prompt_evals(self.log_path, slot, finished=last)
 
 
 def _rows(client: httpx.Client) -> dict[str, dict[str, Any]]:
