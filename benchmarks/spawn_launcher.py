@@ -29,8 +29,10 @@ import psutil
 from llamacpp_proxy_overhead import create_demo
 from werk_llamacpp.executable import locate_llama_server
 
+import werk.ports
 import werk.supervise
-from werk.supervise import SupervisedProcess, free_port, listens_on, stop_group
+from werk.ports import free_port, listens_on
+from werk.supervise import SupervisedProcess, stop_group
 
 
 @contextmanager
@@ -137,16 +139,16 @@ def main(argv: list[str] | None = None) -> int:
                 return time.perf_counter() - start
 
             def from_proc() -> float:
-                netlink = werk.supervise._listening_inodes_netlink
+                netlink = werk.ports._listening_inodes_netlink
 
                 def refused(port: int, family: socket.AddressFamily) -> set[int]:
                     raise OSError("netlink made to fail")
 
-                werk.supervise._listening_inodes_netlink = refused  # type: ignore[assignment]
+                werk.ports._listening_inodes_netlink = refused  # type: ignore[assignment]
                 try:
                     return ours()
                 finally:
-                    werk.supervise._listening_inodes_netlink = netlink  # type: ignore[assignment]
+                    werk.ports._listening_inodes_netlink = netlink  # type: ignore[assignment]
 
             print(f"port check on a listening llama-server, median of {args.runs}")
             print(f"  listens_on (sock_diag)    {median_ms(ours, args.runs):6.2f} ms")

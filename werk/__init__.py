@@ -83,6 +83,7 @@ if TYPE_CHECKING:
         WerkPluginManager,
         get_plugin_manager,
     )
+    from .ports import free_port, listens_on
     from .protocol import (
         BackendError,
         CapabilityId,
@@ -117,8 +118,6 @@ if TYPE_CHECKING:
         SupervisedProcess,
         WorkDir,
         child_api_key,
-        free_port,
-        listens_on,
         sweep_stale_workdirs,
         wait_until_ready,
     )
@@ -218,8 +217,8 @@ _HOME: dict[str, str] = {
     "SupervisedProcess": ".supervise",
     "WorkDir": ".supervise",
     "child_api_key": ".supervise",
-    "free_port": ".supervise",
-    "listens_on": ".supervise",
+    "free_port": ".ports",
+    "listens_on": ".ports",
     "sweep_stale_workdirs": ".supervise",
     "wait_until_ready": ".supervise",
     "RewrittenStream": ".upstream",
