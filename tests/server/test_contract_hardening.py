@@ -67,7 +67,10 @@ def test_a_client_that_leaves_mid_stream_gets_the_backend_stream_closed(
         client.stream("POST", "/v1/chat/completions", json=body) as response,
     ):
         assert response.status_code == 200
-        first = next(response.iter_lines())
+        # Keep the iterator: a dropped ``iter_lines()`` generator is closed at once, and
+        # httpx closes the connection with it, so the client would leave here, not below.
+        lines = response.iter_lines()
+        first = next(lines)
         assert first.startswith("data: {"), first
         ended = marker.read_text() if marker.exists() else "still streaming"
         assert ended == "still streaming", f"the stream ended before the client left: {ended}"
