@@ -71,9 +71,7 @@ def run(*args: str, home: Path, site: Path, wheel: Path) -> subprocess.Completed
     )
 
 
-def test_list_install_and_list_again(
-    site: Path, tiny_wheel: Path, werk_home: Path
-) -> None:
+def test_list_install_and_list_again(site: Path, tiny_wheel: Path, werk_home: Path) -> None:
     def listed() -> dict[str, dict[str, object]]:
         proc = run("backends", "list", "--json", home=werk_home, site=site, wheel=tiny_wheel)
         assert proc.returncode == 0, proc.stderr

@@ -240,8 +240,9 @@ def _probe_prefill_persist_decode_reuse_and_restart(
     cross = rows["runtime.state.restore.cross_restart"]
     assert cross["status"] == "experimental"
     assert generation in cross["reason"] and new_generation in cross["reason"]
-    assert _decode(client, required.json()["handoff"]["token"]).json()["text"] == (
-        decoded.json()["text"]
+    assert (
+        _decode(client, required.json()["handoff"]["token"]).json()["text"]
+        == (decoded.json()["text"])
     )
     states = client.get("/werk/v1/states").json()["states"]
     assert {s["id"]: s["reusable"] for s in states} == {body["state"]["id"]: True}

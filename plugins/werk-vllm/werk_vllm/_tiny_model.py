@@ -35,7 +35,10 @@ def tokenizer() -> PreTrainedTokenizerFast:
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens(SPECIALS)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>"  # noqa: S106
+        tokenizer_object=core,
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        pad_token="<pad>",  # noqa: S106
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
