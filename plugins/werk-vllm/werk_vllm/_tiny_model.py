@@ -36,8 +36,8 @@ def tokenizer() -> PreTrainedTokenizerFast:
     core.add_special_tokens(SPECIALS)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=core,
-        bos_token="<s>",
-        eos_token="<|im_end|>",
+        bos_token="<s>",  # noqa: S106 (special tokens, not passwords)
+        eos_token="<|im_end|>",  # noqa: S106
         pad_token="<pad>",  # noqa: S106
     )
     fast.chat_template = CHAT_TEMPLATE
