@@ -43,6 +43,7 @@ def test_listens_on_finds_the_listening_socket_and_nothing_else(
     tell."""
     if family == "6" and not os.path.exists("/proc/net/tcp6"):
         pytest.skip("no IPv6 on this machine")
+    monkeypatch.setattr(werk.ports, "_netlink_usable", True)  # whatever an earlier test did
     if source == "proc":
 
         def no_netlink(port: int, family: socket.AddressFamily) -> set[int]:
@@ -75,3 +76,23 @@ def test_listens_on_finds_the_listening_socket_and_nothing_else(
         child.kill()
         child.communicate()
     assert werk.listens_on(child.pid, listening) is None
+
+
+def test_a_failed_netlink_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``sock_diag`` failure (refused, or silent for its one-second timeout) sends this call
+    and every later one to ``/proc/net``: the wait is paid once per process, not per child."""
+    monkeypatch.setattr(werk.ports, "_netlink_usable", True)
+    asked: list[int] = []
+
+    def failing_netlink(port: int, family: socket.AddressFamily) -> set[int]:
+        asked.append(port)
+        raise OSError("sock_diag timed out")
+
+    monkeypatch.setattr(werk.ports, "_listening_inodes_netlink", failing_netlink)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert werk.listens_on(os.getpid(), port) is True  # answered from /proc/net
+        assert werk.listens_on(os.getpid(), port) is True
+    assert asked == [port]

@@ -37,7 +37,9 @@ def listens_on(pid: int, port: int) -> bool | None:
     with the inodes of the machine's listening TCP sockets on ``port``, which the kernel's
     ``sock_diag`` netlink interface lists (what ``ss -tln`` asks; 0.05 ms), or where that is not
     available, ``/proc/net/tcp`` and, only if needed, ``tcp6`` (3.5 ms, nearly all of it the
-    kernel writing the table). Elsewhere psutil's ``net_connections`` (7 ms here). A backend asks
+    kernel writing the table). Once netlink failed, this process uses ``/proc/net`` only: a
+    sandbox that accepts the socket but never answers costs its one-second wait once, not at
+    every child's start. Elsewhere psutil's ``net_connections`` (7 ms here). A backend asks
     right after readiness, on the way to the first token (``benchmarks/spawn_launcher.py``
     prints all three).
     """
@@ -48,10 +50,11 @@ def listens_on(pid: int, port: int) -> bool | None:
             return None
         if not inodes:
             return False
-        try:
-            return _any_listening(inodes, port, _listening_inodes_netlink)
-        except OSError:  # no sock_diag here (e.g. filtered in a sandbox)
-            pass
+        if _netlink_usable:
+            try:
+                return _any_listening(inodes, port, _listening_inodes_netlink)
+            except OSError:  # no sock_diag here (e.g. filtered in a sandbox): not asked again
+                _stop_asking_netlink()
         try:
             return _any_listening(inodes, port, _listening_inodes_proc)
         except OSError:
@@ -65,6 +68,12 @@ def listens_on(pid: int, port: int) -> bool | None:
 
 _PROC_NET = sys.platform.startswith("linux") and os.path.exists("/proc/net/tcp")
 _TCP_LISTEN = 10  # include/net/tcp_states.h: TCP_LISTEN ("0A" in /proc/net/tcp)
+_netlink_usable = True  # until sock_diag failed once in this process
+
+
+def _stop_asking_netlink() -> None:
+    global _netlink_usable
+    _netlink_usable = False
 
 
 def _socket_inodes(pid: int) -> set[int]:
