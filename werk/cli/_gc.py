@@ -9,7 +9,9 @@ serve`` once its HTTP stack is built and its preload has finished). It moves eve
 then into the permanent generation (``gc.freeze``) before collection resumes, so no later
 collection scans them again (a full collection of a started server's ~78,000 tracked objects
 took 40 ms, a pause a request would otherwise meet at some point). The price: cycles that
-became garbage during start-up (about 800 objects for ``werk serve``) are never freed.
+became garbage during start-up (about 800 objects for ``werk serve``) are never freed, nor are
+cycles among the objects of requests in flight at that moment (``werk serve`` may already
+answer requests while a long preload runs) once they become garbage: a one-off amount.
 """
 
 from __future__ import annotations
