@@ -6,7 +6,7 @@
 * **llama-server ready**: the same three ways of starting the managed llama-server build with the
   tiny demo model, polling ``/health`` every millisecond until it answers 200;
 * **port check** on a listening llama-server: ``werk.listens_on`` as it runs here (``sock_diag``
-  netlink), the same with netlink made to fail (its ``/proc/net/tcp`` fallback), and psutil's
+  netlink), the same as after a failed netlink (its ``/proc/net/tcp`` fallback), and psutil's
   ``net_connections``.
 
 Medians are printed, never asserted. Run:
@@ -139,16 +139,11 @@ def main(argv: list[str] | None = None) -> int:
                 return time.perf_counter() - start
 
             def from_proc() -> float:
-                netlink = werk.ports._listening_inodes_netlink
-
-                def refused(port: int, family: socket.AddressFamily) -> set[int]:
-                    raise OSError("netlink made to fail")
-
-                werk.ports._listening_inodes_netlink = refused  # type: ignore[assignment]
+                werk.ports._netlink_usable = False  # as after a failed sock_diag
                 try:
                     return ours()
                 finally:
-                    werk.ports._listening_inodes_netlink = netlink  # type: ignore[assignment]
+                    werk.ports._netlink_usable = True
 
             print(f"port check on a listening llama-server, median of {args.runs}")
             print(f"  listens_on (sock_diag)    {median_ms(ours, args.runs):6.2f} ms")
