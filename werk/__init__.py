@@ -123,6 +123,7 @@ if TYPE_CHECKING:
     )
     from .upstream import (
         RewrittenStream,
+        UpstreamErrors,
         UpstreamSSE,
         openai_upstream,
         renamed,
@@ -222,6 +223,7 @@ _HOME: dict[str, str] = {
     "sweep_stale_workdirs": ".supervise",
     "wait_until_ready": ".supervise",
     "RewrittenStream": ".upstream",
+    "UpstreamErrors": ".upstream",
     "UpstreamSSE": ".upstream",
     "openai_upstream": ".upstream",
     "renamed": ".upstream",
@@ -302,6 +304,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Unsupported",
+    "UpstreamErrors",
     "UpstreamSSE",
     "WerkError",
     "WerkPluginManager",

@@ -320,9 +320,11 @@ async def _read_line(connection: _Connection, timeout: float) -> bytes:
 
 
 class LoopbackClient:
-    """Pooled keep-alive HTTP/1.1 connections to one ``host:port`` on loopback.
+    """Pooled keep-alive HTTP/1.1 connections to one ``host:port``: a backend child on
+    loopback, or an endpoint operated elsewhere that is reached over plain HTTP.
 
-    :param host: the child's address (``127.0.0.1``).
+    :param host: the server's address (``127.0.0.1``; an IPv6 address with or without
+        brackets).
     :param port: its port.
     :param headers: sent with every request (e.g. the child's ``Authorization``).
     :param connect_timeout: seconds for a TCP connect.
@@ -350,14 +352,15 @@ class LoopbackClient:
         max_idle: int = 16,
         spare: int = 0,
     ) -> None:
-        self.host = host
+        self.host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         self.port = port
         self.connect_timeout = connect_timeout
         self.write_timeout = write_timeout
         self.read_timeout = read_timeout
         self.max_idle = max_idle
         self.spare = min(spare, max_idle)
-        fixed = {"Host": f"{host}:{port}", "Accept-Encoding": "identity", **(headers or {})}
+        named = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        fixed = {"Host": f"{named}:{port}", "Accept-Encoding": "identity", **(headers or {})}
         self._fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed.items()).encode()
         self._idle: list[_Connection] = []
         self._closed = False
@@ -402,6 +405,28 @@ class LoopbackClient:
         except BaseException:
             await connection.close()
             raise
+
+    async def fetch(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        timeout: float,
+        limit: int = 16 * 1024 * 1024,
+    ) -> tuple[int, bytes]:
+        """One whole exchange for a small control request (health, a listing, a load):
+        ``(status, body)``, everything bounded by ``timeout`` seconds.
+
+        :raises LoopbackError: as :meth:`request` and :meth:`LoopbackResponse.read`; running
+            out of ``timeout`` is a :class:`LoopbackTimeout`.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                async with await self.request(method, path, body=body) as response:
+                    return response.status, await response.read(limit)
+        except TimeoutError:
+            raise LoopbackTimeout(f"{method} {path} took longer than {timeout} s") from None
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()

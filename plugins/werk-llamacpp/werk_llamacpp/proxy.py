@@ -14,65 +14,50 @@ A ``PinnedSlot`` is a Python object, so a JSON body from an HTTP client can neve
 client's integer ``id_slot`` is replaced as always). It must name one of this child's state
 slots and its generation.
 
-**Streaming** is relayed as it arrives: the child's SSE is parsed incrementally and each
-``data:`` payload is yielded as bare bytes (the host adds ``data:`` and the final ``[DONE]``);
-``[DONE]`` ends the relay, an ``{"error": …}`` event becomes a Werk error.
+**The hop** is the host's one relay, :func:`werk.openai_upstream`, over the handle's pooled
+:class:`werk.LoopbackClient`: the body is encoded once; streamed payloads pass through unchanged
+(a chunk that names the child's model alias is renamed to Werk's id); a finished stream is
+drained so its connection is reused; a request that failed before any response byte is sent
+once more on a new connection (this llama-server closes a kept-alive connection after a number
+of requests and sometimes right after a streamed response), a failure after the first response
+byte never is. The slot lease is released exactly once, when the exchange ends.
 
-**The hop** goes through the host's :class:`werk.LoopbackClient` (pooled keep-alive
-connections, no general-purpose client on the hot path); the request body is encoded once, and
-a non-streamed reply is decoded once to put Werk's model id into it.
-
-**One retry.** This llama-server closes a kept-alive connection after a number of requests and
-sometimes right after a streamed response; the next request on it then fails before any
-response byte. Such a failure (:class:`werk.NotSent`: connection refused or reset, a write
-error, the connection closed before a status line) is retried exactly once, on a new
-connection. A failure after the first response byte (half a status line, a cut body or stream)
-is never retried.
-
-**Errors.** A child's error body is never forwarded: 400 becomes ``invalid_request`` with
-Werk's own message (a context overflow names the token counts, which are numbers, not backend
-text), 501 ``unsupported``, 503 ``unavailable``, anything else ``backend_error``. The child's
-text goes only to the server log.
+**Errors** are the host's map; what is llama.cpp's own: a context overflow names its token
+counts (numbers, not backend text), and a failed exchange says whether the child process
+exited. The child's text goes only to the server log.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-import anyio
 import msgspec
 
 from werk import (
     BackendError,
+    BrokenResponse,
     InvalidRequest,
     LoopbackError,
-    LoopbackResponse,
-    LoopbackTimeout,
     NotSent,
     OpenAICall,
     OpenAIReply,
-    ResponseTooLarge,
     Runtime,
     Unavailable,
-    Unsupported,
+    UpstreamErrors,
     WerkError,
-    WerkTimeout,
+    openai_upstream,
 )
 
 from .process import ManagedHandle, check_alive
 
-__all__ = ["PinnedSlot", "SSEStream", "map_backend_error", "openai_reply"]
+__all__ = ["PinnedSlot", "openai_reply"]
 
 log = logging.getLogger("werk.llamacpp")
 
 ROUTES = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
-MAX_BODY_BYTES = 64 * 1024 * 1024
-MAX_ERROR_BYTES = 64 * 1024
-MAX_EVENT_BYTES = 16 * 1024 * 1024
-DRAIN_SECONDS = 1.0
+WHAT = "llama-server"
 
 
 def _handle(runtime: Runtime) -> ManagedHandle:
@@ -90,34 +75,36 @@ def _int_field(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def map_backend_error(status: int, content: bytes) -> WerkError:
-    """Werk's own error for a child's error response (its body only informs the choice)."""
-    try:
-        detail = msgspec.json.decode(content[:MAX_ERROR_BYTES]).get("error")
-    except (msgspec.DecodeError, AttributeError):
-        detail = None
-    detail = detail if isinstance(detail, dict) else {}
-    kind = detail.get("type")
-    if status == 400:
-        if kind == "exceed_context_size_error":
-            n_prompt, n_ctx = (
-                _int_field(detail.get("n_prompt_tokens")),
-                _int_field(detail.get("n_ctx")),
-            )
-            if n_prompt is not None and n_ctx is not None:
-                return InvalidRequest(
-                    f"the prompt ({n_prompt} tokens) exceeds the context of one llama.cpp slot "
-                    f"({n_ctx} tokens)"
-                )
-            return InvalidRequest("the prompt exceeds the context of one llama.cpp slot")
+def context_overflow(status: int, error: dict[str, Any]) -> WerkError | None:
+    """llama-server's ``exceed_context_size_error``, in Werk's words (the host maps the rest)."""
+    if status != 400 or error.get("type") != "exceed_context_size_error":
+        return None
+    n_prompt, n_ctx = _int_field(error.get("n_prompt_tokens")), _int_field(error.get("n_ctx"))
+    if n_prompt is not None and n_ctx is not None:
         return InvalidRequest(
-            "llama-server rejected the request as invalid; check its fields and their values"
+            f"the prompt ({n_prompt} tokens) exceeds the context of one llama.cpp slot "
+            f"({n_ctx} tokens)"
         )
-    if status == 501:
-        return Unsupported("llama-server does not support this request for this model")
-    if status == 503:
-        return Unavailable("llama-server is not ready to serve this request", retryable=True)
-    return BackendError(f"llama-server failed the request (HTTP {status})")
+    return InvalidRequest("the prompt exceeds the context of one llama.cpp slot")
+
+
+def _child_failure(runtime: Runtime) -> Callable[[LoopbackError], WerkError | None]:
+    """A failed exchange: the child exited (retryable), or it dropped an unanswered request."""
+
+    def read(exc: LoopbackError) -> WerkError | None:
+        if not isinstance(exc, (NotSent, BrokenResponse)):
+            return None  # a timeout or an oversized answer: the host's words
+        if not check_alive(runtime):
+            return Unavailable(
+                f"the llama-server process of model {runtime.model.id!r} exited; "
+                "the next request starts a new one",
+                retryable=True,
+            )
+        if isinstance(exc, NotSent):
+            return BackendError("llama-server closed the connection without an answer")
+        return None
+
+    return read
 
 
 class PinnedSlot(msgspec.Struct, frozen=True):
@@ -165,35 +152,6 @@ def _prepare(handle: ManagedHandle, call: OpenAICall) -> dict[str, Any]:
     return body
 
 
-def _transport_failure(runtime: Runtime, exc: Exception) -> WerkError:
-    if isinstance(exc, LoopbackTimeout):
-        return WerkTimeout("llama-server did not answer in time")
-    if isinstance(exc, ResponseTooLarge):
-        return BackendError("llama-server's response exceeded Werk's size limit")
-    if not check_alive(runtime):
-        return Unavailable(
-            f"the llama-server process of model {runtime.model.id!r} exited; "
-            "the next request starts a new one",
-            retryable=True,
-        )
-    return BackendError("llama-server closed the connection without an answer")
-
-
-async def _send(
-    runtime: Runtime, handle: ManagedHandle, path: str, content: bytes
-) -> LoopbackResponse:
-    try:
-        return await handle.v1.request("POST", path, body=content)
-    except NotSent as exc:
-        log.debug("llama-server request failed before a response (%s); retrying once", exc)
-    except LoopbackError as exc:
-        raise _transport_failure(runtime, exc) from None
-    try:
-        return await handle.v1.request("POST", path, body=content, fresh=True)
-    except LoopbackError as exc:
-        raise _transport_failure(runtime, exc) from None
-
-
 class _Lease:
     """A picked slot, released exactly once."""
 
@@ -208,7 +166,7 @@ class _Lease:
 
 
 async def openai_reply(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
-    """The ``werk_openai`` hook: proxy one request to the runtime's child."""
+    """The ``werk_openai`` hook: relay one request to the runtime's child."""
     handle = _handle(runtime)
     body = _prepare(handle, call)
     pinned = _pinned_slot(handle, call)
@@ -219,174 +177,17 @@ async def openai_reply(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
     body["id_slot"] = lease.slot
     try:
         content = msgspec.json.encode(body)
-        response = await _send(runtime, handle, ROUTES[call.route], content)
     except BaseException:
         lease.release()
         raise
-    try:
-        if response.status != 200:
-            raw = await response.read(MAX_ERROR_BYTES * 16)
-            log.warning(
-                "llama-server answered HTTP %s: %s",
-                response.status,
-                raw[:MAX_ERROR_BYTES].decode("utf-8", "replace"),
-            )
-            raise map_backend_error(response.status, raw)
-        if call.stream:
-            if not response.content_type.startswith("text/event-stream"):
-                raise BackendError("llama-server did not stream its reply")
-            rename = runtime.model.id if handle.model_alias != runtime.model.id else None
-            return OpenAIReply(stream=SSEStream(runtime, response, lease, rename=rename))
-        raw = await response.read(MAX_BODY_BYTES)
-    except LoopbackError as exc:
-        lease.release()
-        await _aclose(response)
-        raise _transport_failure(runtime, exc) from None
-    except BaseException:
-        lease.release()
-        await _aclose(response)
-        raise
-    lease.release()
-    await _aclose(response)
-    try:
-        data = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        data = None
-    if not isinstance(data, dict):
-        raise BackendError("llama-server answered with something that is not a JSON object")
-    if "model" in data:
-        data["model"] = runtime.model.id
-    return OpenAIReply(body=data)
-
-
-async def _aclose(response: LoopbackResponse) -> None:
-    try:
-        await response.aclose()
-    except Exception:
-        log.debug("closing a llama-server response failed", exc_info=True)
-
-
-class SSEStream:
-    """The child's SSE reply as bare ``data`` payloads, read incrementally.
-
-    The host calls :meth:`aclose` whenever the exchange ends (completed, failed, or the client
-    went away, even before the first ``__anext__``): that frees the slot and closes the child's
-    response, which makes llama-server cancel the generation.
-    """
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        response: LoopbackResponse,
-        lease: _Lease,
-        *,
-        rename: str | None = None,
-    ) -> None:
-        self._runtime = runtime
-        self._response = response
-        self._lease = lease
-        self._rename = rename
-        self._chunks: AsyncIterator[bytes] = aiter(response)
-        self._buffer = b""
-        self._data: list[bytes] = []
-        self._ready: collections.deque[bytes] = collections.deque()
-        self._done = False
-        self._finished = False
-
-    def __aiter__(self) -> SSEStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            while not self._ready:
-                if self._done:
-                    raise StopAsyncIteration
-                await self._fill()
-            return self._ready.popleft()
-        except BaseException:
-            await self.aclose()
-            raise
-
-    async def _fill(self) -> None:
-        try:
-            chunk = await self._chunks.__anext__()
-        except StopAsyncIteration:
-            self._done = True
-            if self._buffer.strip() or self._data:
-                self._line(self._buffer)
-                self._line(b"")
-            return
-        except LoopbackError as exc:
-            raise _transport_failure(self._runtime, exc) from None
-        self._buffer += chunk
-        if len(self._buffer) > MAX_EVENT_BYTES:
-            raise BackendError("llama-server sent an oversized stream event")
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            self._line(line)
-            if self._done:
-                return
-
-    def _line(self, line: bytes) -> None:
-        line = line.rstrip(b"\r")
-        if line:
-            if line.startswith(b"data:"):
-                value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
-            elif line.startswith(b"event:") and line[6:].strip() == b"error":
-                self._data.append(b'{"error":{}}')  # its data line follows; the type decides
-            return  # comments (":" pings), id:, retry: are ignored
-        if not self._data:
-            return
-        payload = b"\n".join(self._data)
-        self._data = []
-        if payload == b"[DONE]":
-            self._done = self._finished = True
-            return
-        if payload.startswith(b'{"error"'):
-            log.warning("llama-server stream error: %s", payload[:MAX_ERROR_BYTES].decode())
-            raise _stream_error(payload)
-        if self._rename is not None:
-            payload = _renamed(payload, self._rename)
-        self._ready.append(payload)
-
-    async def aclose(self) -> None:
-        finished, self._done = self._finished, True
-        self._lease.release()
-        if finished:
-            await self._drain()
-        await _aclose(self._response)
-
-    async def _drain(self) -> None:
-        """After ``[DONE]`` read the (tiny) rest of the body, so the connection can return to
-        the pool; an abandoned stream is closed instead, which cancels the generation."""
-        drained = 0
-        try:
-            with anyio.fail_after(DRAIN_SECONDS):
-                async for chunk in self._chunks:
-                    drained += len(chunk)
-                    if drained > MAX_ERROR_BYTES:
-                        return
-        except (TimeoutError, LoopbackError):
-            return
-
-
-def _stream_error(payload: bytes) -> WerkError:
-    try:
-        detail = msgspec.json.decode(payload.split(b"\n")[-1]).get("error")
-    except (msgspec.DecodeError, AttributeError):
-        detail = None
-    code = detail.get("code") if isinstance(detail, dict) else None
-    status = code if isinstance(code, int) and not isinstance(code, bool) else 500
-    return map_backend_error(status, msgspec.json.encode({"error": detail or {}}))
-
-
-def _renamed(payload: bytes, model: str) -> bytes:
-    try:
-        data = msgspec.json.decode(payload)
-    except msgspec.DecodeError:
-        return payload
-    if isinstance(data, dict) and "model" in data:
-        data["model"] = model
-        return msgspec.json.encode(data)
-    return payload
+    return await openai_upstream(
+        handle.v1,
+        ROUTES[call.route],
+        content,
+        stream=call.stream,
+        what=WHAT,
+        model=runtime.model.id if handle.model_alias != runtime.model.id else None,
+        errors=UpstreamErrors(status=context_overflow, transport=_child_failure(runtime)),
+        on_close=lease.release,
+        logger=log,
+    )

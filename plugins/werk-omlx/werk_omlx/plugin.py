@@ -18,6 +18,7 @@ implements no state or prefill/decode hook, so the host reports those rows ``uns
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,8 @@ from werk import (
 if TYPE_CHECKING:
     from .reuse import ReuseCounter
 
+
+log = logging.getLogger("werk.omlx")
 
 BACKEND = "omlx"
 PLUGIN = "werk-omlx"
@@ -237,9 +240,9 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
     body = dict(call.body)
     body["model"] = worker.served
     reply = await openai_upstream(
-        worker.http, ROUTES[call.route], body, stream=call.stream, what="oMLX"
+        worker.http, ROUTES[call.route], body, stream=call.stream, what="oMLX", logger=log
     )
-    if reply.stream is not None:
+    if reply.stream is not None:  # every chunk is decoded anyway: renamed, usage counted
         rename, count = renamed(runtime.model.id), _verified(worker.counter)
         return OpenAIReply(stream=RewrittenStream(reply.stream, lambda c: count(rename(c))))
     if reply.body is not None:

@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-import httpx
 
 from werk import (
     BackendError,
     CapabilityId,
     InvalidRequest,
+    LoopbackClient,
+    LoopbackError,
     ModelSpec,
     PersistenceDefaults,
     ProcessExited,
@@ -122,7 +123,8 @@ class Worker:
     key: str
     base: Path
     process: SupervisedProcess
-    http: httpx.AsyncClient
+    http: LoopbackClient
+    """Pooled keep-alive connections to the worker, its key set (readiness, ``/v1``)."""
     lock_fd: int
     served: str
     counter: ReuseCounter = field(default_factory=ReuseCounter)
@@ -294,29 +296,25 @@ async def _spawn(handle: OmlxHandle, partition: str) -> Worker:
         argv, log_path=base / "werk-worker.log", env=env, cwd=base, name="omlx",
         guard_group=True,
     )  # fmt: skip
-    http = httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}",
-        headers={"Authorization": f"Bearer {api_key}"},
-        timeout=httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0),
-        trust_env=False,
-    )
+    http = LoopbackClient("127.0.0.1", port, headers={"Authorization": f"Bearer {api_key}"})
     worker = Worker(key=key, base=base, process=process, http=http, lock_fd=lock_fd, served=served)
 
     async def ready() -> bool:
         try:
-            if (await http.get("/health", timeout=2.0)).status_code != 200:
+            if (await http.fetch("GET", "/health", timeout=2.0))[0] != 200:
                 return False
-            status = await http.get("/v1/models/status", timeout=5.0)
-            if status.status_code != 200:
+            status, listing = await http.fetch("GET", "/v1/models/status", timeout=5.0)
+            if status != 200:
                 return False
-            listed = [m.get("id") for m in status.json().get("models", []) if isinstance(m, dict)]
+            models = json.loads(listing).get("models", [])
+            listed = [m.get("id") for m in models if isinstance(m, dict)]
             if served not in listed:
                 raise BackendError(f"oMLX does not list model {served!r} in its model directory")
-            loaded = await http.post(f"/v1/models/{served}/load", timeout=600.0)
-        except (httpx.HTTPError, ValueError):
+            loaded, _ = await http.fetch("POST", f"/v1/models/{served}/load", timeout=600.0)
+        except (LoopbackError, ValueError, AttributeError):
             return False
-        if loaded.status_code != 200:
-            raise BackendError(f"oMLX could not load model {served!r} (HTTP {loaded.status_code})")
+        if loaded != 200:
+            raise BackendError(f"oMLX could not load model {served!r} (HTTP {loaded})")
         return True
 
     timeout = float(os.environ.get(TIMEOUT_ENV, "120"))

@@ -23,6 +23,7 @@ The plugin implements no state, prefill/decode or expert hook, so the host repor
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
         VllmHandle,
     )
 
+
+log = logging.getLogger("werk.vllm")
 
 LOCAL = "vllm"
 REMOTE = "vllm-remote"
@@ -252,7 +255,7 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
 @hookimpl
 async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
     """Relay ``/v1`` chat and text completions to the runtime's vLLM server or endpoint."""
-    from werk import RewrittenStream, openai_upstream, renamed
+    from werk import openai_upstream
 
     from .process import VllmHandle, check_alive
     from .remote import RemoteHandle
@@ -263,15 +266,16 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
         body["model"] = handle.served_model
         if call.cache_salt is not None and handle.endpoint.salt:
             body["cache_salt"] = call.cache_salt
-        reply = await openai_upstream(
-            handle.http, ROUTES[call.route], body, stream=call.stream, what="the remote vLLM"
-        )
         # The endpoint names its own model; clients see Werk's model id.
-        if reply.stream is not None:
-            return OpenAIReply(stream=RewrittenStream(reply.stream, renamed(runtime.model.id)))
-        if reply.body is not None:
-            reply.body["model"] = runtime.model.id
-        return reply
+        return await openai_upstream(
+            handle.http,
+            ROUTES[call.route],
+            body,
+            stream=call.stream,
+            what="the remote vLLM",
+            model=runtime.model.id,
+            logger=log,
+        )
     if not isinstance(handle, VllmHandle):
         return None
     if not check_alive(runtime):
@@ -281,11 +285,11 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
             retryable=True,
         )
     body = dict(call.body)
-    body["model"] = runtime.model.id
+    body["model"] = runtime.model.id  # vLLM serves it under Werk's id: its replies pass as sent
     if call.cache_salt is not None:
         # Werk's per-principal salt always wins over one the client sent: vLLM shares cached
         # prefix blocks between requests with equal salts, i.e. between API keys otherwise.
         body["cache_salt"] = call.cache_salt
     return await openai_upstream(
-        handle.http, ROUTES[call.route], body, stream=call.stream, what="vLLM"
+        handle.http, ROUTES[call.route], body, stream=call.stream, what="vLLM", logger=log
     )

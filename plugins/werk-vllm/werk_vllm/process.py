@@ -30,12 +30,13 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
 from werk import (
     BackendError,
     InvalidRequest,
+    LoopbackClient,
+    LoopbackError,
     ModelSpec,
     PersistenceDefaults,
     ProcessExited,
@@ -75,11 +76,13 @@ _TAIL_ERROR = re.compile(r"\b\w*(?:Error|ERROR|error)\b[:\s].*$")
 
 @dataclass(eq=False)
 class VllmHandle:
-    """What a vLLM runtime holds: the child, its loopback client, its effective arguments."""
+    """What a vLLM runtime holds: the child, its loopback client (pooled keep-alive
+    connections, the child's key set: readiness and the ``/v1`` relay), its effective
+    arguments."""
 
     process: SupervisedProcess
     workdir: WorkDir
-    http: httpx.AsyncClient
+    http: LoopbackClient
     args: tuple[str, ...]
     installation: Installation
     inspection: Inspection
@@ -189,19 +192,14 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         [installation.python, *argv], log_path=workdir.path / "server.log", env=env,
         cwd=workdir.path, name="vllm", guard_group=True,
     )  # fmt: skip
-    http = httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}",
-        headers={"Authorization": f"Bearer {api_key}"},
-        timeout=httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0),
-        trust_env=False,
-    )
+    http = LoopbackClient("127.0.0.1", port, headers={"Authorization": f"Bearer {api_key}"})
 
     async def ready() -> bool:
         try:
-            if (await http.get("/health", timeout=2.0)).status_code != 200:
+            if (await http.fetch("GET", "/health", timeout=2.0))[0] != 200:
                 return False
-            return (await http.get("/v1/models", timeout=5.0)).status_code == 200
-        except httpx.HTTPError:
+            return (await http.fetch("GET", "/v1/models", timeout=5.0))[0] == 200
+        except LoopbackError:
             return False
 
     timeout = float(os.environ.get(TIMEOUT_ENV, "300"))

@@ -14,6 +14,7 @@ next to an endpoint is a configuration error. Models are imported without files:
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ import httpx
 from werk import (
     CapabilityId,
     InvalidRequest,
+    LoopbackClient,
+    LoopbackError,
     ModelSpec,
     NotFound,
     Runtime,
@@ -49,6 +52,8 @@ class Endpoint:
     """The configured endpoint (the API key is never shown)."""
 
     base_url: str
+    host: str
+    port: int
     api_key: str | None
     model: str | None
     salt: bool
@@ -78,6 +83,8 @@ def configured() -> Endpoint | None:
     bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
     return Endpoint(
         base_url=f"http://{bracketed}:{int(port)}",
+        host=host,
+        port=int(port),
         api_key=os.environ.get(KEY_ENV) or None,
         model=os.environ.get(MODEL_ENV) or None,
         salt=os.environ.get(SALT_ENV, "1") != "0",
@@ -95,10 +102,11 @@ def endpoint_answers(endpoint: Endpoint) -> bool:
 
 @dataclass(eq=False)
 class RemoteHandle:
-    """A runtime of ``vllm-remote``: a client for the endpoint and the model it serves."""
+    """A runtime of ``vllm-remote``: a client for the endpoint (pooled keep-alive
+    connections, the API key set) and the model it serves."""
 
     endpoint: Endpoint
-    http: httpx.AsyncClient
+    http: LoopbackClient
     served_model: str
 
 
@@ -127,32 +135,31 @@ async def start_remote(spec: ModelSpec) -> Runtime:
             capability=CapabilityId.MODEL_RESIDENCY,
             retryable=False,
         )
-    http = httpx.AsyncClient(
-        base_url=endpoint.base_url,
-        headers=endpoint.headers(),
-        timeout=httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0),
-        trust_env=False,
-    )
+    http = LoopbackClient(endpoint.host, endpoint.port, headers=endpoint.headers())
     try:
         try:
-            healthy = (await http.get("/health", timeout=HEALTH_TIMEOUT_SECONDS)).status_code
-            models = await http.get("/v1/models", timeout=10.0) if healthy == 200 else None
-        except httpx.HTTPError:
+            healthy = (await http.fetch("GET", "/health", timeout=HEALTH_TIMEOUT_SECONDS))[0]
+            models = await http.fetch("GET", "/v1/models", timeout=10.0) if healthy == 200 else None
+        except LoopbackError:
             healthy, models = 0, None
         if healthy != 200:
             raise Unavailable(
                 f"the remote vLLM at {endpoint.base_url} does not answer /health",
                 capability=CapabilityId.MODEL_RESIDENCY,
             )
-        if models is None or models.status_code != 200:
-            refused = models is not None and models.status_code == 401
+        if models is None or models[0] != 200:
+            refused = models is not None and models[0] == 401
             why = "refused the API key (WERK_VLLM_API_KEY)" if refused else "did not list models"
             raise Unavailable(
                 f"the remote vLLM at {endpoint.base_url} {why}",
                 capability=CapabilityId.MODEL_RESIDENCY,
                 retryable=False,
             )
-        data = models.json().get("data") or []
+        try:
+            listing = json.loads(models[1])
+        except ValueError:
+            listing = None
+        data = (listing.get("data") if isinstance(listing, dict) else None) or []
         listed = [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")]
         served = _choose(listed, endpoint.model, endpoint.base_url)
     except BaseException:
