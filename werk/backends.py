@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from ._deferred import Deferred, check_reference
 from .protocol.capabilities import CapabilityId
 from .protocol.policy import PersistenceDefaults, Policy
 from .protocol.prefill import ChatMessage, FinishReason
@@ -151,7 +152,11 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     :ivar formats: model formats it serves (``gguf``, ``safetensors``, ``openai-endpoint``).
     :ivar description: one line for ``werk plugins``.
     :ivar start: optional coroutine function that starts a runtime for a model; backends that
-        cannot start runtimes on this machine leave it ``None``.
+        cannot start runtimes on this machine leave it ``None``. Like ``stop`` and
+        ``requirement`` it may be given as a ``"package.module:function"`` string: the module
+        is then imported on the first call, not when the plugin is loaded (every ``werk``
+        command loads it), so a plugin keeps its process code out of ``import plugin`` with
+        one line.
     :ivar stop: coroutine function that stops a runtime ``start`` returned (required with
         ``start``); it must reap every process the runtime owns.
     :ivar routes: the ``/v1`` routes its :func:`werk_openai` serves; the host answers
@@ -168,10 +173,10 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     formats: tuple[str, ...] = ()
     description: str = ""
-    start: Callable[[ModelSpec], Awaitable[Runtime]] | None = None
-    stop: Callable[[Runtime], Awaitable[None]] | None = None
+    start: Callable[[ModelSpec], Awaitable[Runtime]] | str | None = None
+    stop: Callable[[Runtime], Awaitable[None]] | str | None = None
     routes: tuple[OpenAIRoute, ...] = ("chat.completions", "completions")
-    requirement: Callable[[ModelSpec], Awaitable[RuntimeRequirement | None]] | None = None
+    requirement: Callable[[ModelSpec], Awaitable[RuntimeRequirement | None]] | str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -182,6 +187,29 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"backend {self.name!r} must give both start and stop, or neither")
         if self.requirement is not None and self.start is None:
             raise ValueError(f"backend {self.name!r} gives a requirement but cannot start")
+        for field in ("start", "stop", "requirement"):
+            value = getattr(self, field)
+            if isinstance(value, str):
+                check_reference(value, f"backend {self.name!r}'s {field}")
+                msgspec.structs.force_setattr(self, field, Deferred(value))
+
+    async def start_runtime(self, spec: ModelSpec) -> Runtime:
+        """Await ``start(spec)`` (importing a ``"module:function"`` on first use)."""
+        if self.start is None or isinstance(self.start, str):
+            raise ValueError(f"backend {self.name!r} cannot start runtimes")
+        return await self.start(spec)
+
+    async def stop_runtime(self, runtime: Runtime) -> None:
+        """Await ``stop(runtime)`` (importing a ``"module:function"`` on first use)."""
+        if self.stop is None or isinstance(self.stop, str):
+            raise ValueError(f"backend {self.name!r} cannot stop runtimes")
+        await self.stop(runtime)
+
+    async def runtime_requirement(self, spec: ModelSpec) -> RuntimeRequirement | None:
+        """Await ``requirement(spec)``; ``None`` when the backend gives none."""
+        if self.requirement is None or isinstance(self.requirement, str):
+            return None
+        return await self.requirement(spec)
 
 
 class Runtime(msgspec.Struct, kw_only=True):

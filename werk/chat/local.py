@@ -141,7 +141,7 @@ class LocalEngine:
     def _start_runtime(self) -> None:
         descriptor, spec = self._descriptor, self._spec
         assert descriptor is not None and descriptor.start is not None and spec is not None
-        start = descriptor.start
+        start = descriptor.start_runtime
         self._phase(f"runtime: starting {spec.backend} for {spec.id}")
 
         self._lease = ModelFileLease.acquire(spec.files)
@@ -215,7 +215,7 @@ class LocalEngine:
             self._runtime = None
             self._phase(f"runtime: stopping generation {runtime.generation}")
             try:
-                portal.call(descriptor.stop, runtime)
+                portal.call(descriptor.stop_runtime, runtime)
                 stopped = True
             except Exception:
                 log.exception("stopping the %s runtime failed", runtime.backend)

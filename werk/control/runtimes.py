@@ -418,7 +418,7 @@ class RuntimeManager:
                 )
             lease = await anyio.to_thread.run_sync(ModelFileLease.acquire, spec.files)
             starting = True
-            runtime = await descriptor.start(spec)
+            runtime = await descriptor.start_runtime(spec)
         except BaseException as exc:
             if reservation is not None and self._memory is not None:
                 self._memory.cancel(reservation)
@@ -473,7 +473,7 @@ class RuntimeManager:
                 out[spec.id] = f"backend {spec.backend!r} gives no memory requirement"
                 continue
             try:
-                requirement = await descriptor.requirement(spec)
+                requirement = await descriptor.runtime_requirement(spec)
             except WerkError as exc:
                 out[spec.id] = f"its requirement cannot be computed ({exc.message})"
                 continue
@@ -490,7 +490,7 @@ class RuntimeManager:
         if descriptor.requirement is None or self._memory is None:
             return None
         try:
-            requirement = await descriptor.requirement(spec)
+            requirement = await descriptor.runtime_requirement(spec)
         except WerkError:
             raise
         except Exception as exc:
@@ -606,7 +606,7 @@ class RuntimeManager:
         ok = True
         if descriptor is not None and descriptor.stop is not None:
             try:
-                await descriptor.stop(runtime)
+                await descriptor.stop_runtime(runtime)
             except Exception:
                 log.exception("stopping %s runtime for %s failed", runtime.backend, model_id)
                 ok = False

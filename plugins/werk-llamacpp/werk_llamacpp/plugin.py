@@ -38,7 +38,6 @@ from werk import (
     DecodeOutcome,
     DemoModel,
     InvalidRequest,
-    ModelSpec,
     NativeChatCache,
     NativeContext,
     OpenAICall,
@@ -46,7 +45,6 @@ from werk import (
     PrefillCall,
     PrefillOutcome,
     Runtime,
-    RuntimeRequirement,
     Unavailable,
     hookimpl,
 )
@@ -68,39 +66,6 @@ _PROBE_GATED = (
 )
 
 
-async def _start_runtime(spec: ModelSpec) -> Runtime:
-    """``BackendDescriptor.start``; the process layer is imported on first use, not when every
-    `werk` command loads the plugin.
-
-    The executable's re-hash for the check after readiness begins here when its inspection is
-    already cached (the requirement computed just before inspected it), before that import
-    (~15 ms): it then runs on another core while the start prepares, not next to the loading
-    child (where it delayed the tiny demo's readiness by ~15 ms)."""
-    from .executable import locate_llama_server
-    from .inspect import cached_inspection, start_rehash
-
-    located = locate_llama_server(spec.options)
-    inspection = cached_inspection(located.path) if located.path is not None else None
-    early = (inspection, start_rehash(inspection)) if inspection is not None else None
-
-    from .process import start_runtime
-
-    return await start_runtime(spec, rehash=early)
-
-
-async def _runtime_requirement(spec: ModelSpec) -> RuntimeRequirement | None:
-    """``BackendDescriptor.requirement`` (imported on first use, like the process layer)."""
-    from .requirement import runtime_requirement
-
-    return await runtime_requirement(spec)
-
-
-async def _stop_runtime(runtime: Runtime) -> None:
-    from .process import stop_runtime
-
-    await stop_runtime(runtime)
-
-
 @hookimpl
 def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
     register(
@@ -108,9 +73,9 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=BACKEND,
             formats=("gguf",),
             description="llama.cpp llama-server, one managed child process per model",
-            start=_start_runtime,
-            stop=_stop_runtime,
-            requirement=_runtime_requirement,
+            start="werk_llamacpp.start:start_runtime",
+            stop="werk_llamacpp.process:stop_runtime",
+            requirement="werk_llamacpp.requirement:runtime_requirement",
         )
     )
 

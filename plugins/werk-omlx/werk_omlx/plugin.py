@@ -35,7 +35,6 @@ from werk import (
     ExpertObservation,
     ExpertReport,
     ExpertTier,
-    ModelSpec,
     OpenAICall,
     OpenAIReply,
     Runtime,
@@ -54,20 +53,6 @@ PLUGIN = "werk-omlx"
 ROUTES = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-async def _start_runtime(spec: ModelSpec) -> Runtime:
-    """``BackendDescriptor.start``; the process layer is imported on first use, not when every
-    `werk` command loads the plugin."""
-    from .worker import start_runtime
-
-    return await start_runtime(spec)
-
-
-async def _stop_runtime(runtime: Runtime) -> None:
-    from .worker import stop_runtime
-
-    await stop_runtime(runtime)
-
-
 @hookimpl
 def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
     register(
@@ -75,8 +60,8 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=BACKEND,
             formats=("mlx",),
             description="an installed oMLX CLI started on demand",
-            start=_start_runtime,
-            stop=_stop_runtime,
+            start="werk_omlx.worker:start_runtime",
+            stop="werk_omlx.worker:stop_runtime",
         )
     )
 

@@ -35,7 +35,6 @@ from werk import (
     CapabilityStatus,
     DemoModel,
     EnvironmentSpec,
-    ModelSpec,
     OpenAICall,
     OpenAIReply,
     Runtime,
@@ -57,32 +56,6 @@ REMOTE = "vllm-remote"
 ROUTES = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-async def _start_runtime(spec: ModelSpec) -> Runtime:
-    """``BackendDescriptor.start``; the process layer is imported on first use, not when every
-    `werk` command loads the plugin."""
-    from .process import start_runtime
-
-    return await start_runtime(spec)
-
-
-async def _stop_runtime(runtime: Runtime) -> None:
-    from .process import stop_runtime
-
-    await stop_runtime(runtime)
-
-
-async def _start_remote(spec: ModelSpec) -> Runtime:
-    from .remote import start_remote
-
-    return await start_remote(spec)
-
-
-async def _stop_remote(runtime: Runtime) -> None:
-    from .remote import stop_remote
-
-    await stop_remote(runtime)
-
-
 @hookimpl
 def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
     register(
@@ -90,8 +63,8 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=LOCAL,
             formats=("safetensors", "hf"),
             description="a Werk-started local vLLM OpenAI server",
-            start=_start_runtime,
-            stop=_stop_runtime,
+            start="werk_vllm.process:start_runtime",
+            stop="werk_vllm.process:stop_runtime",
         )
     )
     register(
@@ -99,8 +72,8 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             name=REMOTE,
             formats=("openai-endpoint",),
             description="a separately operated vLLM OpenAI endpoint (WERK_VLLM_HOST/PORT)",
-            start=_start_remote,
-            stop=_stop_remote,
+            start="werk_vllm.remote:start_remote",
+            stop="werk_vllm.remote:stop_remote",
         )
     )
 
