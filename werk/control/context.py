@@ -1,4 +1,5 @@
-"""What the service's helpers (:mod:`.prefill`, :mod:`.states`) need from it.
+"""What the service's helpers (:mod:`.prefill`, :mod:`.states`, :mod:`.experts`, :mod:`.jobs`,
+:mod:`.openai`) need from it.
 
 :class:`ServiceContext` is the narrow interface the helpers are given, so they depend on it and
 not on :class:`~werk.control.service.LocalControlService` (which builds them): no import cycle.
@@ -20,6 +21,7 @@ from ..protocol import AuthMode, CapabilityReport, PersistenceDefaults
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
+from ..state.jobs import JobStore
 from ..state.principals import NamespaceKey
 from .accounting import ReuseAccounting
 from .figures import Histogram
@@ -59,8 +61,11 @@ class ServiceContext(Protocol):
     accounting: ReuseAccounting
     commit_latency: Histogram
     restore_latency: Histogram
+    job_store: JobStore
 
     def spec(self, model: str) -> ModelSpec: ...
+
+    def served(self) -> list[ModelSpec]: ...
 
     async def rows_for(
         self, spec: ModelSpec, runtime: Runtime | None

@@ -36,8 +36,7 @@ import anyio
 import anyio.from_thread
 import msgspec
 
-from .._units import format_bytes
-from ..backends import BackendDescriptor, ModelSpec, Runtime, RuntimeRequirement
+from ..backends import ModelSpec, Runtime
 from ..memory.filecache import ModelFileLease
 from ..memory.manager import (
     Allocation,
@@ -48,7 +47,8 @@ from ..memory.manager import (
 )
 from ..memory.relief import ReliefAction, ReliefCandidate
 from ..plugins import WerkPluginManager
-from ..protocol import CapabilityId, InvalidRequest, ResourceExhausted, Unavailable, WerkError
+from ..protocol import CapabilityId, Unavailable, WerkError
+from . import admission
 
 __all__ = ["DEFAULT_KEEP_ALIVE_SECONDS", "KeepAlive", "RuntimeEntry", "RuntimeManager", "Use"]
 
@@ -407,14 +407,16 @@ class RuntimeManager:
                 f"model {spec.id!r} failed to start recently; retrying after {wait:.0f}s",
                 capability=CapabilityId.MODEL_RESIDENCY,
             )
-        requirement = await self._requirement(descriptor, spec)
+        requirement = (
+            await admission.requirement(descriptor, spec) if self._memory is not None else None
+        )
         reservation: Reservation | None = None
         lease: ModelFileLease | None = None
         starting = False
         try:
             if requirement is not None and self._memory is not None:
                 reservation = await anyio.to_thread.run_sync(
-                    self._reserve, spec, requirement, not preload
+                    admission.reserve, self._memory, _owner(spec.id), spec, requirement, not preload
                 )
             lease = await anyio.to_thread.run_sync(ModelFileLease.acquire, spec.files)
             starting = True
@@ -461,76 +463,9 @@ class RuntimeManager:
         )
 
     async def unbounded(self, specs: Collection[ModelSpec]) -> dict[str, str]:
-        """The models among ``specs`` whose start would not be reserved, with why (for the
-        ``runtime.memory.reservations`` row). Each backend's requirement is computed now, as a
-        start would (for llama.cpp: the cached inspection and the GGUF header)."""
-        out: dict[str, str] = {}
-        for spec in specs:
-            descriptor = self._pm.backends.get(spec.backend)
-            if descriptor is None or descriptor.start is None:
-                continue  # Werk does not start it: nothing of it to account here
-            if descriptor.requirement is None or self._memory is None:
-                out[spec.id] = f"backend {spec.backend!r} gives no memory requirement"
-                continue
-            try:
-                requirement = await descriptor.runtime_requirement(spec)
-            except WerkError as exc:
-                out[spec.id] = f"its requirement cannot be computed ({exc.message})"
-                continue
-            except Exception as exc:
-                out[spec.id] = f"its requirement cannot be computed ({type(exc).__name__})"
-                continue
-            if requirement is None:
-                out[spec.id] = f"backend {spec.backend!r} gives no bound for it (see its log)"
-        return out
-
-    async def _requirement(
-        self, descriptor: BackendDescriptor, spec: ModelSpec
-    ) -> RuntimeRequirement | None:
-        if descriptor.requirement is None or self._memory is None:
-            return None
-        try:
-            requirement = await descriptor.runtime_requirement(spec)
-        except WerkError:
-            raise
-        except Exception as exc:
-            log.exception("the %s requirement of model %s failed", spec.backend, spec.id)
-            raise Unavailable(
-                f"backend {spec.backend!r} could not compute the memory model {spec.id!r} needs "
-                f"({type(exc).__name__})",
-                capability=CapabilityId.MEMORY_RESERVATIONS,
-            ) from None
-        if requirement is not None and not isinstance(requirement, RuntimeRequirement):
-            raise Unavailable(
-                f"backend {spec.backend!r} answered its requirement with a "
-                f"{type(requirement).__name__}, not a RuntimeRequirement",
-                capability=CapabilityId.MEMORY_RESERVATIONS,
-            )
-        if requirement is None:
-            log.info("model %s starts without a memory reservation (no bound given)", spec.id)
-        return requirement
-
-    def _reserve(
-        self, spec: ModelSpec, requirement: RuntimeRequirement, relieve: bool = True
-    ) -> Reservation:
-        """Reserve (worker thread; relief callbacks come back to the event loop)."""
-        assert self._memory is not None
-        parts = " + ".join(f"{name} {format_bytes(n)}" for name, n in requirement.parts)
-        needs = f"model {spec.id!r} needs {format_bytes(requirement.nbytes)}" + (
-            f" ({parts})" if parts else ""
-        )
-        try:
-            return self._memory.reserve(
-                _owner(spec.id), requirement.nbytes, tier=requirement.tier, relieve=relieve
-            )
-        except ResourceExhausted as exc:
-            raise ResourceExhausted(
-                f"cannot load: {needs}; {exc.message}", capability=exc.capability
-            ) from None
-        except InvalidRequest as exc:  # larger than the whole pool: it can never fit
-            raise InvalidRequest(
-                f"cannot load: {needs}; {exc.message}", capability=exc.capability
-            ) from None
+        """The models among ``specs`` whose start would not be reserved, with why (see
+        :func:`.admission.unbounded`)."""
+        return await admission.unbounded(self._pm, specs, self._memory)
 
     # -- memory relief (called by the memory manager from the reserving worker thread) ------
 

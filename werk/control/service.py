@@ -4,43 +4,38 @@ It resolves the caller's view (principal), applies policy defaults, gates capabi
 catalog, the volatile index and the handoff registry, and delegates to the owning backend
 through the hooks. It never interprets a backend's state. Blocking file work runs in worker
 threads so the event loop keeps serving.
+
+This class is the façade: discovery, runtimes and preload live here; each other concept has its
+module, built with the service as its :class:`~werk.control.context.ServiceContext`: named states
+(:mod:`.states`), prefill/decode (:mod:`.prefill`), experts (:mod:`.experts`), jobs
+(:mod:`.jobs`) and the OpenAI ``/v1`` requests (:mod:`.openai`).
 """
 
 from __future__ import annotations
 
-import base64
-import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import anyio
 import anyio.abc
 import msgspec
-from anyio.streams.memory import MemoryObjectSendStream
 
 from .._version import PROTOCOL_VERSION, __version__
 from ..backends import (
     CapabilityContext,
-    ExpertMove,
-    ExpertMoveOutcome,
-    ExpertReport,
     ModelSpec,
-    OpenAICall,
     OpenAIReply,
     OpenAIRoute,
-    Operation,
     Runtime,
 )
 from ..capabilities import capability_contexts, host_capabilities
-from ..experts.engine import ExpertEngine
 from ..memory.manager import MemoryManager
 from ..memory.telemetry import process_tree_rss
 from ..models import ModelManifest
 from ..plugins import WerkPluginManager
 from ..protocol import (
-    BackendError,
     CapabilitiesResponse,
     CapabilityId,
     CapabilityReport,
@@ -50,10 +45,7 @@ from ..protocol import (
     ExpertActionResult,
     ExpertList,
     InfoResponse,
-    InvalidRequest,
-    JobError,
     JobRecord,
-    JobStatus,
     MemoryResponse,
     ModelInfo,
     ModelList,
@@ -67,7 +59,6 @@ from ..protocol import (
     PruneResult,
     ResidencyRequest,
     ResidencyResult,
-    ResourceExhausted,
     ServerInfo,
     StateList,
     StateStatus,
@@ -75,25 +66,26 @@ from ..protocol import (
     Tier,
     TierRequest,
     TierResult,
-    Unavailable,
     Unsupported,
     WerkError,
     rfc3339,
 )
-from ..protocol.residency import RuntimeInfo, RuntimeList, parse_keep_alive
+from ..protocol.residency import RuntimeInfo, RuntimeList
 from ..protocol.stats import StatsResponse
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
 from ..state.jobs import JobStore
-from ..state.principals import cache_salt
 from .accounting import ReuseAccounting
 from .context import ServiceConfig
+from .experts import ExpertControl
 from .figures import Histogram, ServiceFigures
 from .gates import gate
 from .interface import StateQuery, WerkControl
+from .jobs import JobQueue
+from .openai import OpenAIRequests
 from .prefill import PrefillFlow
-from .runtimes import KeepAlive, RuntimeManager, Use
+from .runtimes import RuntimeManager
 from .states import StateViews
 from .volatile import VolatileStates
 
@@ -102,26 +94,9 @@ __all__ = ["LocalControlService", "ServiceConfig"]
 log = logging.getLogger("werk.control")
 
 
-JOB_KINDS: tuple[OpenAIRoute, ...] = ("audio.speech", "images.generations")
-_QueuedJob = tuple[str, str, OpenAIRoute, dict[str, Any]]
-"""(job id, principal, route, validated body)."""
-JOB_QUEUE_SIZE = 256
 IDLE_CHECK_SECONDS = 1.0
 """The idle unloader looks at least this often (and at each runtime's deadline, and whenever a
 use ends, so ``keep_alive: 0`` unloads right after the request)."""
-
-
-def _job_artifact(kind: OpenAIRoute, reply: OpenAIReply) -> tuple[bytes, str]:
-    """The file a finished job keeps: the speech audio, or the (one) image as PNG."""
-    if kind == "audio.speech":
-        if reply.content is None or reply.media_type is None:
-            raise BackendError("the backend answered speech without audio")
-        return reply.content, reply.media_type
-    data = (reply.body or {}).get("data") or [{}]
-    encoded = data[0].get("b64_json") if isinstance(data[0], dict) else None
-    if not isinstance(encoded, str):
-        raise BackendError("the backend answered the image request without an image")
-    return base64.b64decode(encoded), "image/png"
 
 
 def _spec_of(model: ModelManifest | ModelSpec) -> ModelSpec:
@@ -166,11 +141,11 @@ class LocalControlService(WerkControl):
             cache_release=config.model_cache_release,
         )
         self.job_store = JobStore(config.home, clock=clock)
-        self._job_send: MemoryObjectSendStream[_QueuedJob] | None = None  # while run_jobs runs
-        self._engines: dict[str, ExpertEngine] = {}
-        self._cache_salts: dict[str, str] = {}  # principal → its salt (one HMAC, not per request)
         self.states = StateViews(self)
         self.flow = PrefillFlow(self)
+        self.experts_control = ExpertControl(self)
+        self.openai = OpenAIRequests(self)
+        self.job_queue = JobQueue(self, self.openai.request)
         self._preload: tuple[anyio.CancelScope, anyio.Event] | None = None
         """The running (or finished) preload's scope and its end."""
         self._closing = False
@@ -187,6 +162,9 @@ class LocalControlService(WerkControl):
             return self._specs[model]
         except KeyError:
             raise NotFound(f"model {model!r} is not served here") from None
+
+    def served(self) -> list[ModelSpec]:
+        return list(self._specs.values())
 
     async def rows_for(self, spec: ModelSpec, runtime: Runtime | None) -> list[CapabilityReport]:
         """The capability rows of one model now (after any probe the runtime has run).
@@ -425,40 +403,10 @@ class LocalControlService(WerkControl):
     async def decode(self, principal: str, request: DecodeRequest) -> DecodeResponse:
         return await self.flow.decode(principal, request)
 
-    # -- experts -----------------------------------------------------------------------------
-
-    async def _observed_engine(
-        self, model: str, *, allow_experimental: bool
-    ) -> tuple[Use, ExpertEngine]:
-        """Gate ``runtime.experts.residency``, then refresh the model's engine from the
-        backend's own observations (the engine never discovers experts itself). The runtime
-        is held busy until the returned :class:`Use` is released."""
-        spec = self.spec(model)
-        runtime = self.runtimes.live().get(model)
-        gate(
-            await self.rows_for(spec, runtime),
-            CapabilityId.EXPERTS_RESIDENCY,
-            allow_experimental=allow_experimental,
-        )
-        use = await self.runtimes.use(spec)
-        try:
-            report: ExpertReport = await self.pm.call_operation(
-                Operation.OBSERVE_EXPERTS, use.runtime
-            )
-        except BaseException:
-            use.release()
-            raise
-        engine = self._engines.setdefault(model, ExpertEngine(model))
-        engine.observe(report.experts, complete=report.complete)
-        for expert_id in report.accesses:
-            engine.record_access(expert_id)
-        return use, engine
+    # -- experts, jobs, OpenAI /v1: one module each ---------------------------------------
 
     async def experts(self, principal: str, model: str) -> ExpertList:
-        # Reading observations changes nothing; an experimental capability may be inspected.
-        use, engine = await self._observed_engine(model, allow_experimental=True)
-        use.release()
-        return engine.to_protocol()
+        return await self.experts_control.experts(model)
 
     async def expert_action(
         self,
@@ -467,156 +415,32 @@ class LocalControlService(WerkControl):
         action: Literal["prefetch", "evict"],
         request: ExpertActionRequest,
     ) -> ExpertActionResult:
-        """Plan (dry run, the default) or apply a bounded expert move. Both need the opt-in:
-        the engine claims the experts before the adapter moves them and changes its metadata
-        only for the experts the adapter reports moved."""
-        use, engine = await self._observed_engine(
-            model, allow_experimental=request.allow_experimental
-        )
-        with use:
-            return await self._move_experts(engine, use.runtime, action, request)
-
-    async def _move_experts(
-        self,
-        engine: ExpertEngine,
-        runtime: Runtime,
-        action: Literal["prefetch", "evict"],
-        request: ExpertActionRequest,
-    ) -> ExpertActionResult:
-        if action == "prefetch":
-            plan = engine.plan_prefetch(request.experts, target=request.target)
-        else:
-            plan = engine.plan_evict(request.experts, target=request.target)
-        if request.dry_run or not plan.moves:
-            return engine.result(plan, dry_run=request.dry_run)
-        claim = engine.claim(plan.expert_ids, target=request.target)
-        try:
-            outcome: ExpertMoveOutcome = await self.pm.call_operation(
-                Operation.MOVE_EXPERTS,
-                runtime,
-                move=ExpertMove(expert_ids=claim.expert_ids, target=request.target.value),
-            )
-        except BaseException:
-            engine.abort(claim)
-            raise
-        completion = engine.complete(claim, outcome.moved)
-        return engine.result(plan, dry_run=False, completion=completion)
-
-    # -- jobs --------------------------------------------------------------------------------
+        return await self.experts_control.expert_action(model, action, request)
 
     async def job(self, principal: str, job_id: str) -> JobRecord:
-        return await anyio.to_thread.run_sync(self.job_store.get, principal, job_id)
+        return await self.job_queue.get(principal, job_id)
 
     async def jobs(self, principal: str) -> list[JobRecord]:
-        return await anyio.to_thread.run_sync(self.job_store.records, principal)
+        return await self.job_queue.listing(principal)
 
     async def submit_job(
         self, principal: str, kind: OpenAIRoute, body: dict[str, Any]
     ) -> JobRecord:
-        if kind not in JOB_KINDS:
-            raise InvalidRequest(f"{kind} cannot run as a job (jobs: {', '.join(JOB_KINDS)})")
-        model = body.get("model")
-        spec = self.spec(model if isinstance(model, str) else "")
-        if kind not in self.pm.backends[spec.backend].routes:
-            raise Unsupported(
-                f"model {spec.id!r} (backend {spec.backend!r}) does not serve "
-                f"/v1/{kind.replace('.', '/')}"
-            )
-        if kind == "images.generations" and body.get("n", 1) != 1:
-            raise InvalidRequest("an image job makes one image: use 'n': 1")
-        if kind == "images.generations":  # a job's image is always a stored output
-            body = {**body, "response_format": "b64_json"}
-        queue = self._job_send
-        if queue is None:
-            raise Unavailable("this server runs no job queue", retryable=False)
-        record = await anyio.to_thread.run_sync(self.job_store.create, principal, kind, body)
-        try:
-            queue.send_nowait((record.id, principal, kind, body))
-        except anyio.WouldBlock:
-            await anyio.to_thread.run_sync(
-                functools.partial(
-                    self.job_store.update,
-                    record.id,
-                    status=JobStatus.FAILED,
-                    error=JobError(code="resource_exhausted", message="the job queue is full"),
-                )
-            )
-            raise ResourceExhausted("the job queue is full; retry later") from None
-        return record
+        return await self.job_queue.submit(principal, kind, body)
 
     async def cancel_job(self, principal: str, job_id: str) -> JobRecord:
-        return await anyio.to_thread.run_sync(self.job_store.cancel, principal, job_id)
+        return await self.job_queue.cancel(principal, job_id)
 
     async def job_output(self, principal: str, output_id: str) -> tuple[bytes, str]:
-        return await anyio.to_thread.run_sync(self.job_store.output, principal, output_id)
+        return await self.job_queue.output(principal, output_id)
 
     async def run_jobs(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        send, receive = anyio.create_memory_object_stream[_QueuedJob](JOB_QUEUE_SIZE)
-        async with send, receive:
-            interrupted = await anyio.to_thread.run_sync(self.job_store.recover)
-            if interrupted:
-                log.warning("%d unfinished job(s) of an earlier server failed", len(interrupted))
-            self._job_send = send
-            task_status.started()
-            try:
-                async for job_id, principal, kind, body in receive:
-                    await self._run_job(job_id, principal, kind, body)
-            finally:
-                self._job_send = None
-
-    async def _run_job(
-        self, job_id: str, principal: str, kind: OpenAIRoute, body: dict[str, Any]
-    ) -> None:
-        update = self.job_store.update
-        record = await anyio.to_thread.run_sync(self.job_store.get, principal, job_id)
-        if record.status is not JobStatus.QUEUED:
-            return  # cancelled while queued
-
-        async def phase(status: JobStatus) -> None:
-            await anyio.to_thread.run_sync(functools.partial(update, job_id, status=status))
-
-        await phase(JobStatus.LOADING)
-        changes: dict[str, Any]
-        try:
-            reply = await self.openai_request(
-                principal, kind, body, started=lambda: phase(JobStatus.RUNNING)
-            )
-            data, content_type = _job_artifact(kind, reply)
-            current = await anyio.to_thread.run_sync(self.job_store.get, principal, job_id)
-            if current.cancel_requested:
-                changes = {"status": JobStatus.CANCELLED}
-            else:
-                await phase(JobStatus.ENCODING)
-                output = await anyio.to_thread.run_sync(
-                    self.job_store.save_output, job_id, data, content_type
-                )
-                changes = {"status": JobStatus.COMPLETED, "output": output}
-        except WerkError as exc:
-            changes = {
-                "status": JobStatus.FAILED,
-                "error": JobError(code=exc.code.value, message=exc.message),
-            }
-        except Exception:
-            log.exception("job %s failed", job_id)
-            changes = {
-                "status": JobStatus.FAILED,
-                "error": JobError(code="internal", message="the job failed inside Werk"),
-            }
-        await anyio.to_thread.run_sync(functools.partial(update, job_id, **changes))
-
-    # -- OpenAI /v1 --------------------------------------------------------------------------
+        await self.job_queue.run(task_status=task_status)
 
     async def openai_models(self) -> dict[str, Any]:
-        created = int(time.time())
-        return {
-            "object": "list",
-            "data": [
-                {"id": s.id, "object": "model", "created": created, "owned_by": s.backend}
-                for s in self._specs.values()
-            ],
-        }
+        return await self.openai.models()
 
     async def openai_request(
         self,
@@ -626,83 +450,7 @@ class LocalControlService(WerkControl):
         *,
         started: Callable[[], Awaitable[None]] | None = None,
     ) -> OpenAIReply:
-        """One ``/v1`` request; ``started`` is awaited once the model's runtime is up, before
-        the backend is called (a job's ``loading`` → ``running``)."""
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise InvalidRequest("'model' is required and must be a string")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise InvalidRequest("'stream' must be a boolean")
-        keep_alive = None
-        if "keep_alive" in body:  # Werk's (Ollama's) field: never forwarded to the backend
-            body = dict(body)
-            keep_alive = KeepAlive(parse_keep_alive(body.pop("keep_alive")))
-        spec = self.spec(model)
-        descriptor = self.pm.backends[spec.backend]
-        if route not in descriptor.routes:
-            raise Unsupported(
-                f"model {model!r} (backend {spec.backend!r}) does not serve "
-                f"/v1/{route.replace('.', '/')}"
-            )
-        use = await self.runtimes.use(spec)
-        try:
-            if started is not None:
-                await started()
-            call = OpenAICall(
-                route=route,
-                body=body,
-                stream=stream,
-                cache_salt=self._cache_salt(principal),
-            )
-            reply: OpenAIReply = await self.pm.call_operation(
-                Operation.OPENAI, use.runtime, call=call
-            )
-        except BaseException:
-            use.release(keep_alive)
-            raise
-        if reply.stream is not None:  # busy until the stream is closed
-            return OpenAIReply(
-                stream=_ContainedStream(
-                    reply.stream, spec.backend, on_close=lambda: use.release(keep_alive)
-                )
-            )
-        use.release(keep_alive)
-        if route in ("images.generations", "images.edits") and body.get("response_format") == "url":
-            return await self._images_by_url(principal, route, body, reply)
-        return reply
-
-    def _cache_salt(self, principal: str) -> str:
-        salt = self._cache_salts.get(principal)
-        if salt is None:  # principals are bounded by the configured API keys
-            salt = self._cache_salts[principal] = cache_salt(self.config.namespace_key, principal)
-        return salt
-
-    async def _images_by_url(
-        self, principal: str, route: OpenAIRoute, body: dict[str, Any], reply: OpenAIReply
-    ) -> OpenAIReply:
-        """``response_format: url``: each image is kept as a finished job's output (private to
-        the caller, listed in ``/v1/jobs``, bounded by the job retention, purged by
-        ``werk cache``) and answered as ``{"url": "/v1/outputs/…"}``."""
-        items = (reply.body or {}).get("data") or []
-        urls = []
-        for item in items:
-            encoded = item.get("b64_json") if isinstance(item, dict) else None
-            if not isinstance(encoded, str):
-                raise BackendError("the backend answered the image request without an image")
-            record = await anyio.to_thread.run_sync(
-                functools.partial(
-                    self.job_store.create_finished,
-                    principal,
-                    route,
-                    {k: v for k, v in body.items() if k != "image_b64"},
-                    base64.b64decode(encoded),
-                    "image/png",
-                )
-            )
-            assert record.output is not None
-            urls.append({"url": record.output.url})
-        return OpenAIReply(body={**(reply.body or {}), "data": urls})
+        return await self.openai.request(principal, route, body, started=started)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -715,54 +463,3 @@ class LocalControlService(WerkControl):
             scope.cancel()
             await done.wait()
         await self.runtimes.aclose()
-
-
-class _ContainedStream:
-    """A backend's streamed ``/v1`` reply, its failures contained like ``call_operation``'s.
-
-    The stream is consumed after ``call_operation`` returned, so a plain exception raised by the
-    plugin mid-stream would otherwise surface as ``internal`` (a Werk bug). It becomes
-    ``backend_error`` with Werk's own summary; the plugin's text goes only to the server log.
-    :meth:`aclose` closes the plugin's iterator exactly once; the HTTP layer calls it when the
-    reply ends, fails or the client goes away, so plugins can rely on their ``aclose()``.
-    """
-
-    def __init__(
-        self,
-        stream: AsyncIterator[bytes],
-        backend: str,
-        *,
-        on_close: Callable[[], None] | None = None,
-    ) -> None:
-        self._stream = stream
-        self._backend = backend
-        self._on_close = on_close
-        self._closed = False
-
-    def __aiter__(self) -> _ContainedStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self._stream.__anext__()
-        except (StopAsyncIteration, WerkError):
-            raise
-        except Exception:
-            log.exception("the streamed reply of backend %r failed", self._backend)
-            raise BackendError(
-                f"backend {self._backend!r} failed while streaming its reply"
-            ) from None
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            aclose = getattr(self._stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        except Exception:
-            log.exception("closing the streamed reply of backend %r failed", self._backend)
-        finally:
-            if self._on_close is not None:
-                self._on_close()

@@ -36,6 +36,9 @@ counter or the accounting.
 
 All public methods are thread-safe. Backend callbacks (release functions, relief actions) run
 outside the manager's lock, so they may call back into the manager.
+
+The values it hands out and takes back (:class:`Reservation`, :class:`Allocation`, …) and the
+``runtime.memory.reservations`` row live in :mod:`werk.memory.reservations` (re-exported here).
 """
 
 from __future__ import annotations
@@ -44,15 +47,15 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import msgspec
 
 from .._units import format_bytes
 from ..protocol.base import rfc3339
-from ..protocol.capabilities import CapabilityId, CapabilityReport, CapabilityStatus
-from ..protocol.errors import BackendError, Conflict, InvalidRequest, ResourceExhausted, Unavailable
+from ..protocol.capabilities import CapabilityId, CapabilityReport
+from ..protocol.errors import InvalidRequest, ResourceExhausted, Unavailable
 from ..protocol.memory import (
     HostMemory,
     ManagedMemory,
@@ -62,7 +65,19 @@ from ..protocol.memory import (
 )
 from ..protocol.residency import ExpertTier
 from .pressure import HARD_THRESHOLD, Cooldown, next_level, utilisation, worst
-from .relief import MAX_RELIEF_ACTIONS, ReliefAction, ReliefCandidate, ReliefPlan, plan_relief
+from .relief import MAX_RELIEF_ACTIONS, ReliefPlan, plan_relief
+from .reservations import (
+    Allocation,
+    MemoryTier,
+    PoolView,
+    ReliefCallbacks,
+    ReliefReport,
+    Reservation,
+    ReservationMismatch,
+    ReservationTooLarge,
+    StaleReservation,
+    reservations_capability,
+)
 from .telemetry import AcceleratorSample, is_apple_silicon, sample_accelerators, sample_host
 
 __all__ = [
@@ -87,72 +102,7 @@ MAX_RECORDS = 65536
 """Bound on live reservations plus allocations (a full table is ``resource_exhausted``)."""
 MAX_OWNER_LENGTH = 256
 
-MemoryTier = Literal[ExpertTier.VRAM, ExpertTier.RAM]
-"""The tiers memory can be reserved on (``external`` is not memory Werk can account)."""
-
 _CAPABILITY = CapabilityId.MEMORY_RESERVATIONS.value
-
-
-class ReservationTooLarge(InvalidRequest):
-    """The request can never fit: larger than the pool's whole capacity."""
-
-
-class ReservationMismatch(BackendError):
-    """The backend's returned state does not agree with its reservation (it was released)."""
-
-
-class StaleReservation(Conflict):
-    """The reservation or allocation is unknown here, or not in a state that allows this."""
-
-
-class Reservation(msgspec.Struct, frozen=True, kw_only=True):
-    """A pending reservation (a handle; the manager holds the accounting)."""
-
-    id: str
-    owner: str
-    tier: MemoryTier
-    nbytes: int
-
-
-class Allocation(msgspec.Struct, frozen=True, kw_only=True):
-    """A committed allocation (a handle; the manager holds the accounting)."""
-
-    id: str
-    owner: str
-    tier: MemoryTier
-    nbytes: int
-
-
-class ReliefCallbacks(msgspec.Struct, frozen=True, kw_only=True):
-    """How the manager finds and acts on relief candidates.
-
-    :ivar candidates: the states of a tier that could be demoted or evicted.
-    :ivar execute: perform one action; ``True`` when the backend reports success. Freed memory
-        is returned to the manager by the executor through :meth:`MemoryManager.release`.
-    """
-
-    candidates: Callable[[MemoryTier], Sequence[ReliefCandidate]]
-    execute: Callable[[ReliefAction], bool]
-
-
-class ReliefReport(msgspec.Struct, frozen=True, kw_only=True):
-    """What the last relief pass planned and what its callbacks reported."""
-
-    plan: ReliefPlan
-    succeeded: tuple[str, ...]
-    failed: tuple[str, ...]
-
-
-class PoolView(msgspec.Struct, frozen=True, kw_only=True):
-    """One pool's numbers at the last evaluation (``None`` = not observed)."""
-
-    name: Literal["shared", "ram", "vram"]
-    capacity_bytes: int | None
-    observed_used_bytes: int | None
-    allocated_bytes: int
-    reserved_bytes: int
-    effective_used_bytes: int | None
-    pressure: PressureLevel
 
 
 class _Record(msgspec.Struct):
@@ -179,44 +129,6 @@ class _Sample(msgspec.Struct):
     unified: bool
     wall: float
     pools: dict[str, PoolView] = msgspec.field(default_factory=dict)
-
-
-def reservations_capability(
-    participating: bool, uncovered: Mapping[str, str] | None = None
-) -> CapabilityReport:
-    """The host's ``runtime.memory.reservations`` row.
-
-    :param participating: whether any loaded adapter supplies bounded byte requirements and
-        advertises the reservation capability.
-    :param uncovered: configured models whose start would *not* be reserved (model id →
-        why). Any of them makes the row ``unavailable``: Werk does not claim to protect loads
-        it does not account.
-    """
-    if participating and uncovered:
-        shown = "; ".join(f"{model}: {why}" for model, why in sorted(uncovered.items())[:4])
-        more = f" (and {len(uncovered) - 4} more)" if len(uncovered) > 4 else ""
-        return CapabilityReport(
-            id=_CAPABILITY,
-            status=CapabilityStatus.UNAVAILABLE,
-            reason=(
-                "Werk reserves memory only for starts whose backend gives a bound; these "
-                f"configured models would start unaccounted: {shown}{more}"
-            ),
-        )
-    if participating:
-        return CapabilityReport(
-            id=_CAPABILITY,
-            status=CapabilityStatus.SUPPORTED,
-            operations=["reserve", "commit", "release"],
-        )
-    return CapabilityReport(
-        id=_CAPABILITY,
-        status=CapabilityStatus.UNAVAILABLE,
-        reason=(
-            "no loaded adapter supplies a bounded memory requirement; "
-            "Werk does not claim to protect unaccounted backend loads"
-        ),
-    )
 
 
 def _relief_detail(plan: ReliefPlan | None) -> str:
