@@ -190,6 +190,10 @@ def _post(client: httpx.Client, body: dict[str, Any]) -> float:
     return elapsed
 
 
+LAST_CPU = [0.0]
+"""werk serve's CPU per request (ms) in the last :func:`interleaved` run."""
+
+
 def interleaved(
     werk: httpx.Client,
     direct: httpx.Client,
@@ -220,19 +224,37 @@ def interleaved(
             f"  mean {statistics.fmean(values) * 1e3:7.3f} ms"
         )
     print(f"  werk serve CPU per request {cpu * 1e3:.3f} ms")
+    LAST_CPU[0] = cpu * 1e3
     return through, straight
 
 
+def _bodies(
+    werk: httpx.Client, werk_body: dict[str, Any], direct_body: dict[str, Any]
+) -> Callable[[httpx.Client], dict[str, Any]]:
+    """Which body each side gets (the direct server may know the model by another name)."""
+    return lambda client: werk_body if client is werk else direct_body
+
+
 def sequential(
-    werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int, werk_pid: int
-) -> None:
+    werk: httpx.Client,
+    direct: httpx.Client,
+    rounds: int,
+    warmup: int,
+    werk_pid: int,
+    *,
+    werk_body: dict[str, Any] = CHAT,
+    direct_body: dict[str, Any] = CHAT,
+) -> tuple[float, float]:
+    """Print the sequential figures; return (added p50 in ms, werk serve CPU per request)."""
     print(f"sequential: {rounds} short non-streamed chats per side (interleaved, keep-alive)")
+    body = _bodies(werk, werk_body, direct_body)
     through, straight = interleaved(
-        werk, direct, lambda c: _post(c, CHAT), rounds, warmup, werk_pid
+        werk, direct, lambda c: _post(c, body(c)), rounds, warmup, werk_pid
     )
     added = (statistics.median(through) - statistics.median(straight)) * 1e3
     ratio = statistics.median(through) / statistics.median(straight)
     print(f"  added p50 {added:+.3f} ms   p50 ratio werk/direct {ratio:.3f}")
+    return added, LAST_CPU[0]
 
 
 def _has_content(data: str) -> bool:
@@ -259,28 +281,43 @@ def _first_byte(client: httpx.Client, body: dict[str, Any]) -> float:
 
 
 def streamed(
-    werk: httpx.Client, direct: httpx.Client, rounds: int, warmup: int, werk_pid: int
-) -> None:
-    body = {**CHAT, "stream": True}
+    werk: httpx.Client,
+    direct: httpx.Client,
+    rounds: int,
+    warmup: int,
+    werk_pid: int,
+    *,
+    werk_body: dict[str, Any] = CHAT,
+    direct_body: dict[str, Any] = CHAT,
+) -> float:
+    """Print the streamed figures; return the added p50 to the first content byte in ms."""
+    body = _bodies(werk, {**werk_body, "stream": True}, {**direct_body, "stream": True})
     print(f"streamed: {rounds} short streamed chats per side, time to the first content byte")
     through, straight = interleaved(
-        werk, direct, lambda c: _first_byte(c, body), rounds, warmup, werk_pid
+        werk, direct, lambda c: _first_byte(c, body(c)), rounds, warmup, werk_pid
     )
     added = (statistics.median(through) - statistics.median(straight)) * 1e3
     print(f"  added p50 to the first content byte {added:+.3f} ms")
+    return added
 
 
-def concurrent(url: str, headers: dict[str, str], clients: int, per_client: int) -> float:
+def concurrent(
+    url: str,
+    headers: dict[str, str],
+    clients: int,
+    per_client: int,
+    body: dict[str, Any] = CHAT,
+) -> float:
     errors: list[BaseException] = []
     barrier = threading.Barrier(clients + 1)
 
     def run() -> None:
         with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
-            _post(client, CHAT)
+            _post(client, body)
             barrier.wait()
             try:
                 for _ in range(per_client):
-                    _post(client, CHAT)
+                    _post(client, body)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -326,21 +363,41 @@ def main(argv: list[str] | None = None) -> int:
                     pid = served.process.pid
                     sequential(werk, direct, args.rounds, args.warmup, pid)
                     streamed(werk, direct, args.rounds, args.warmup, pid)
-            print(
-                f"concurrent: {args.clients} clients x {args.per_client} short chats, "
-                f"{args.concurrent_rounds} rounds per side (interleaved)"
+            concurrent_rounds(
+                (served.url, {}, CHAT),
+                (child.url, headers, CHAT),
+                rounds=args.concurrent_rounds,
+                clients=args.clients,
+                per_client=args.per_client,
             )
-            through, straight = [], []
-            for round_ in range(args.concurrent_rounds):
-                sides = [(through, served.url, {}), (straight, child.url, headers)]
-                for results, url, auth in sides if round_ % 2 == 0 else sides[::-1]:
-                    results.append(concurrent(url, auth, args.clients, args.per_client))
-            for name, rates in (("werk  ", through), ("direct", straight)):
-                shown = " ".join(f"{r:.0f}" for r in rates)
-                print(f"  {name} {statistics.median(rates):8.1f} req/s median ({shown})")
-            ratio = statistics.median(through) / statistics.median(straight)
-            print(f"  throughput ratio werk/direct {ratio:.3f}")
     return 0
+
+
+Side = tuple[str, dict[str, str], dict[str, Any]]
+"""(base URL, headers, chat body) of one side of a throughput comparison."""
+
+
+def concurrent_rounds(
+    werk: Side, direct: Side, *, rounds: int, clients: int, per_client: int
+) -> float:
+    """Interleaved concurrent rounds (alternating which side goes first); prints each side's
+    median req/s and returns the ratio Werk/direct."""
+    print(
+        f"concurrent: {clients} clients x {per_client} short chats, "
+        f"{rounds} rounds per side (interleaved)"
+    )
+    through: list[float] = []
+    straight: list[float] = []
+    for round_ in range(rounds):
+        sides = [(through, werk), (straight, direct)]
+        for results, (url, auth, body) in sides if round_ % 2 == 0 else sides[::-1]:
+            results.append(concurrent(url, auth, clients, per_client, body))
+    for name, rates in (("werk  ", through), ("direct", straight)):
+        shown = " ".join(f"{r:.0f}" for r in rates)
+        print(f"  {name} {statistics.median(rates):8.1f} req/s median ({shown})")
+    ratio = statistics.median(through) / statistics.median(straight)
+    print(f"  throughput ratio werk/direct {ratio:.3f}")
+    return ratio
 
 
 if __name__ == "__main__":

@@ -13,11 +13,9 @@ These mirror the host's state-store primitives (``werk/state/_fs.py``), which ar
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
-import secrets
 import stat
 from pathlib import Path
 from typing import Final
@@ -36,11 +34,13 @@ __all__ = [
     "open_private_dir",
     "read_small",
     "remove_durably",
-    "replace_atomically",
     "unlink",
 ]
 
 TMP_PREFIX: Final = ".tmp-"
+"""Temporary names here: this module's copies and :func:`werk.replace_private_file`'s (the
+host's atomic replace, used for the index and receipts) both start with it, so the leftover
+sweep finds both."""
 """Temporary files in ``native/`` (a publish in progress or abandoned)."""
 COPY_CHUNK = 1 << 20
 
@@ -137,24 +137,6 @@ def unlink(dir_fd: int, name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def replace_atomically(dir_fd: int, name: str, data: bytes) -> None:
-    """Temporary file, fsync, rename over ``name``, fsync the directory."""
-    tmp = TMP_PREFIX + secrets.token_hex(8)
-    try:
-        fd = create(dir_fd, tmp)
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            unlink(dir_fd, tmp)
-        raise
-    os.fsync(dir_fd)
 
 
 def remove_durably(dir_fd: int, name: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from werk import BackendError
+from werk import BackendError, replace_private_file
 
 from .files import (
     TMP_PREFIX,
@@ -27,7 +27,6 @@ from .files import (
     copy_into,
     open_file,
     open_private_dir,
-    replace_atomically,
     unlink,
 )
 from .records import (
@@ -129,7 +128,7 @@ def publish(
         data = msgspec.json.encode(index)
         if len(data) > MAX_INDEX_BYTES:
             raise Unsafe("the snapshot index would be oversized")
-        replace_atomically(native, INDEX, data)
+        replace_private_file(native, INDEX, data)
         published = True
     finally:
         if not published:
@@ -184,4 +183,4 @@ def write_receipt(native: int | None, receipt: Receipt) -> None:
     data = msgspec.json.encode(receipt)
     if len(data) > MAX_RECEIPT_BYTES:
         raise Unsafe("the receipt would be oversized")
-    replace_atomically(native, RECEIPT, data)
+    replace_private_file(native, RECEIPT, data)
