@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llamacpp_proxy_overhead import (  # noqa: E402
+from llamacpp_proxy_overhead import (
     CHAT,
     WERK,
     concurrent_rounds,

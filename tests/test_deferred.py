@@ -10,7 +10,7 @@ import pytest
 import werk
 from werk import BackendDescriptor, ModelSpec, Runtime
 
-MODULE = '''
+MODULE = """
 CALLS = []
 
 async def start(spec):
@@ -22,7 +22,7 @@ async def stop(runtime):
     CALLS.append("stop")
 
 NOT_CALLABLE = 3
-'''
+"""
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ async def test_a_string_start_and_stop_import_their_module_on_first_use(lazy_mod
 
 @pytest.mark.parametrize("reference", ["nocolon", "a:b:c", "mod:", ":f", "a b:c", "1mod:f"])
 def test_a_malformed_reference_is_refused_at_registration(reference: str) -> None:
-    with pytest.raises(ValueError, match="package.module:function"):
+    with pytest.raises(ValueError, match=r"package\.module:function"):
         BackendDescriptor(name="lazy", start=reference, stop="x:y")
 
 
