@@ -246,7 +246,8 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
             body,
             stream=call.stream,
             what="the remote vLLM",
-            model=runtime.model.id,
+            # renamed only where the names differ (a rename decodes every chunk)
+            model=runtime.model.id if handle.served_model != runtime.model.id else None,
             logger=log,
         )
     if not isinstance(handle, VllmHandle):
