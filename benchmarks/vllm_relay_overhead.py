@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--per-client", type=int, default=25)
-    parser.add_argument("--concurrent-rounds", type=int, default=5)
+    parser.add_argument("--concurrent-rounds", type=int, default=9)
     parser.add_argument(
         "--backends",
         default=os.environ.get("WERK_BACKENDS_DIR", str(Path.home() / ".cache/werk/backends")),

@@ -21,12 +21,14 @@ class Transport(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.written = b""
+        self.writes: list[bytes] = []
         self.closed = False
         self.reading = True
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         assert not self.closed, "written after close"
         self.written += bytes(data)
+        self.writes.append(bytes(data))
 
     def close(self) -> None:
         self.closed = True
@@ -93,3 +95,66 @@ async def test_garbage_behind_a_slow_request_waits_for_its_answer_not_the_deadli
     assert first.startswith(b"HTTP/1.1 200 ")
     assert rest.startswith(b"HTTP/1.1 400 Bad Request\r\n")
     assert b'"code":"invalid_request"' in rest
+
+
+async def _plain_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+    )
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _stream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await asyncio.sleep(0.3)  # a backend still thinking about its first event
+    await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def test_a_plain_reply_goes_out_in_one_write() -> None:
+    protocol, transport = _protocol(_plain_app, header_timeout=5)
+    protocol.data_received(REQUEST)
+    await asyncio.sleep(0.05)
+    assert len(transport.writes) == 1
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert transport.writes[0].endswith(b"\r\n\r\nok")
+
+
+async def test_a_stream_head_is_not_held_until_its_first_event() -> None:
+    protocol, transport = _protocol(_stream_app, header_timeout=5)
+    protocol.data_received(REQUEST)
+    await asyncio.sleep(0.1)
+    assert len(transport.writes) == 1  # the head alone, at the end of the pass that sent it
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert transport.writes[0].endswith(b"transfer-encoding: chunked\r\n\r\n")
+    await asyncio.sleep(0.4)
+    assert transport.written.endswith(b"data: 1\n\n\r\n0\r\n\r\n")
+
+
+async def test_continue_is_sent_before_the_body_is_read() -> None:
+    async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = (await receive())["body"]
+        await _plain_app(scope, receive, send) if body == b"ok" else None
+
+    protocol, transport = _protocol(echo, header_timeout=5)
+    protocol.data_received(
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+    )
+    await asyncio.sleep(0.05)
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]  # not held back
+    protocol.data_received(b"ok")
+    await asyncio.sleep(0.05)
+    assert transport.written.endswith(b"\r\n\r\nok")
+
+
+async def test_a_head_held_when_the_connection_closes_is_written_first() -> None:
+    async def head_then_failure(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise RuntimeError("the app failed after its head")  # uvicorn closes the connection
+
+    protocol, transport = _protocol(head_then_failure, header_timeout=5)
+    protocol.data_received(REQUEST)
+    await asyncio.sleep(0.05)
+    assert transport.closed
+    assert transport.writes == [transport.written]
+    assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n")

@@ -16,10 +16,10 @@ from ..control.interface import WerkControl
 from ..protocol import encode
 from .auth import Authenticator
 from .errors import error_response
+from .exchange import ExchangeMiddleware
 from .guard import admit
-from .metrics import HttpMetrics, MetricsMiddleware, metrics_endpoint
+from .metrics import HttpMetrics, metrics_endpoint
 from .openai import openai_routes
-from .requests import RequestFramingMiddleware, RequestIdMiddleware
 from .routes import werk_routes
 
 __all__ = ["build_app"]
@@ -71,9 +71,7 @@ def build_app(
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
-    app.add_middleware(MetricsMiddleware, metrics=http_metrics)
-    app.add_middleware(RequestFramingMiddleware)
-    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so every answer has an id
+    app.add_middleware(ExchangeMiddleware, metrics=http_metrics)
     return app
 
 

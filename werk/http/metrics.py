@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import ipaddress
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..control.figures import LATENCY_BUCKETS, Histogram, HistogramSnapshot, ServiceFigures
 from ..control.interface import WerkControl
@@ -44,7 +42,7 @@ from .guard import admit
 if TYPE_CHECKING:  # prometheus_client is imported when /metrics is scraped, not at start-up
     from prometheus_client.core import Metric
 
-__all__ = ["HttpMetrics", "MetricsMiddleware", "metrics_endpoint"]
+__all__ = ["HttpMetrics", "metrics_endpoint"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The classic text format (what ``generate_latest`` writes; every Prometheus reads it)."""
@@ -80,35 +78,6 @@ class HttpMetrics:
             requests = dict(self._requests)
             durations = dict(self._durations)
         return requests, {key: h.snapshot() for key, h in durations.items()}
-
-
-class MetricsMiddleware:
-    """Counts and times every HTTP exchange by the route template Starlette matched."""
-
-    def __init__(self, app: ASGIApp, metrics: HttpMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def observe_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, observe_status)
-        finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.observe(
-                route, str(scope.get("method", "")), status, time.perf_counter() - started
-            )
 
 
 def _loopback_client(request: Request) -> bool:

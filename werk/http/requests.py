@@ -11,18 +11,16 @@ import msgspec
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect, Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message
 
 from ..protocol import InvalidRequest, PayloadTooLarge, UnsupportedMediaType, decode
-from .errors import error_response
 
 __all__ = [
-    "RequestFramingMiddleware",
     "RequestIdFilter",
-    "RequestIdMiddleware",
     "current_request_id",
     "read_body",
     "read_struct",
+    "set_request_id",
 ]
 
 _T = TypeVar("_T")
@@ -54,82 +52,10 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-class RequestIdMiddleware:
-    """Give every HTTP exchange a fresh ``X-Werk-Request-Id``; client-supplied values are
-    ignored (and removed from the response)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = new_request_id()
-        scope["werk_request_id"] = request_id
-        _REQUEST_ID.set(request_id)
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [
-                    (k, v) for k, v in message.get("headers", []) if k.lower() != REQUEST_ID_HEADER
-                ]
-                headers.append((REQUEST_ID_HEADER, request_id.encode()))
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
-
-
-class RequestFramingMiddleware:
-    """Connection-level rules about request bodies.
-
-    * A request that carries both ``Content-Length`` and ``Transfer-Encoding`` is refused (400):
-      RFC 9112 §6.3 calls the combination a request-smuggling shape and requires a close after
-      answering. (llhttp, uvicorn's parser, refuses it too; h11 framed it by
-      ``Transfer-Encoding`` and kept the connection: this rule does not depend on the parser.)
-    * A response sent while the request body was not read to its end (413 before reading, 401,
-      415, …) says ``Connection: close`` and the connection is closed after it: the client may
-      still be sending a body nobody will read (uvicorn would otherwise drain it for as long as
-      the client sends), and a client must not reuse a connection in that state.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {name.lower(): value for name, value in scope["headers"]}
-        chunked = b"transfer-encoding" in headers
-        length = headers.get(b"content-length")
-        if chunked and length is not None:
-            refusal = InvalidRequest(
-                "a request must not carry both Content-Length and Transfer-Encoding"
-            )
-            response = error_response(Request(scope), refusal)
-            response.headers["connection"] = "close"
-            await response(scope, receive, send)
-            return
-        if not chunked and (length is None or length.strip() == b"0"):
-            await self.app(scope, receive, send)  # no body to leave unread
-            return
-        body_read = False
-
-        async def tracking_receive() -> Message:
-            nonlocal body_read
-            message = await receive()
-            if message["type"] == "http.request" and not message.get("more_body", False):
-                body_read = True
-            return message
-
-        async def closing_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and not body_read:
-                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
-            await send(message)
-
-        await self.app(scope, tracking_receive, closing_send)
+def set_request_id(request_id: str) -> None:
+    """Make ``request_id`` the current request's id in this context (the exchange middleware
+    calls it once per HTTP exchange)."""
+    _REQUEST_ID.set(request_id)
 
 
 def _require_json(request: Request) -> None:

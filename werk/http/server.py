@@ -12,7 +12,7 @@ A request the parser cannot take (bad framing, garbage after a short ``Content-L
 ``Content-Length`` and ``Transfer-Encoding``, an oversized head) is answered with the
 protocol's JSON error body and a request id, not uvicorn's plain-text page, and the connection
 is closed. (Closing a connection whose request body was left unread is
-:class:`werk.http.requests.RequestFramingMiddleware`'s job.)
+:class:`werk.http.exchange.ExchangeMiddleware`'s job.)
 
 ``httptools`` rather than uvicorn's pure-Python ``h11`` protocol: in two alternating pairs of
 ``benchmarks/llamacpp_proxy_overhead.py`` runs, ``werk serve`` spent 0.1--0.2 ms less CPU per
@@ -34,7 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from ..protocol import InvalidRequest, encode
 from .requests import REQUEST_ID_HEADER, RequestIdFilter, new_request_id
 
-__all__ = ["MAX_HEAD_BYTES", "HeaderDeadlineProtocol", "make_server"]
+__all__ = ["MAX_HEAD_BYTES", "HeadWithFirstBody", "HeaderDeadlineProtocol", "make_server"]
 
 HEADER_TIMEOUT_SECONDS = 10.0
 """Default request-header deadline (``werk serve --header-timeout``)."""
@@ -95,7 +95,11 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_started = None
         self._disarm()  # the keep-alive timer governs the connection from here on
+        previous = self.cycle
         super().on_headers_complete()
+        cycle = self.cycle  # created just now (its ASGI task has not run yet), unless upgraded
+        if cycle is not None and cycle is not previous:
+            cycle.transport = HeadWithFirstBody(self.transport, self.loop)  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
         queued = bool(self.pipeline)
@@ -153,6 +157,50 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._head_started = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class HeadWithFirstBody:
+    """The transport one request's response is written through: the response head waits for
+    the first body bytes written in the same event-loop pass, and both go in one write.
+
+    uvicorn writes a response's head and each body part separately; a plain reply sends its
+    head and body back to back, so that is two socket writes (and two wake-ups of the client)
+    where one does. A head whose body does not follow at once (a stream waiting for its first
+    event) is written on its own at the end of the pass, as before. An interim ``100
+    Continue`` is never held: the client waits for it before it sends the body.
+    """
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 100 "):
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def configure_logging(level: str = "warning") -> None:
