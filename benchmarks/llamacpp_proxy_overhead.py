@@ -124,17 +124,18 @@ def werk_serve(
     *,
     program: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[Served]:
     """Run ``werk serve`` until the block ends; ``client`` (if given) polls its health.
     ``program``: what runs instead of the ``werk`` script (e.g. ``python -c BOOTSTRAP``), given
-    the same arguments (``serve --port … --model …``)."""
+    the same arguments (``serve --port … --model …``); ``args``: more ``werk serve`` arguments."""
     port = free_port()
     env = {**werk_env(home), **(extra_env or {})}
     argv = [*(program or [str(WERK)]), "serve", "--port", str(port)]
     started = time.perf_counter()
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [*argv, *[a for m in models for a in ("--model", m)]],
+            [*argv, *[a for m in models for a in ("--model", m)], *args],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

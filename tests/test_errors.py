@@ -7,7 +7,17 @@ import pytest
 
 import werk
 import werk.protocol as protocol
-from werk.protocol import HTTP_STATUS, ErrorBody, ErrorCode, WerkError, decode, encode, error_class
+from werk.protocol import (
+    HTTP_STATUS,
+    ErrorBody,
+    ErrorCode,
+    ResourceExhausted,
+    Unavailable,
+    WerkError,
+    decode,
+    encode,
+    error_class,
+)
 
 # Copied literally from PROTOCOL.md §1 "Error body and codes" (code → HTTP status).
 PROTOCOL_TABLE: dict[str, int] = {
@@ -154,3 +164,25 @@ def test_werk_error_carries_message_and_repr() -> None:
     assert err.message == "no process"
     assert repr(err) == "Unavailable('no process', capability='runtime.model_residency')"
     assert isinstance(err, Exception)
+
+
+@pytest.mark.parametrize(
+    ("error", "path", "retry_after"),
+    [
+        (ResourceExhausted("full", retry_after=7), "/werk/v1/prefill", "7"),
+        (ResourceExhausted("full"), "/v1/chat/completions", "1"),  # a 429 always says when
+        (Unavailable("starting", retryable=True, retry_after=3), "/werk/v1/decode", "3"),
+        (Unavailable("gone"), "/werk/v1/decode", None),  # not retryable: no hint
+    ],
+)
+def test_retryable_errors_say_when_to_come_back(
+    error: WerkError, path: str, retry_after: str | None
+) -> None:
+    from starlette.requests import Request
+
+    from werk.http.errors import error_response
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
+    response = error_response(Request(scope), error)
+    assert response.status_code == error.http_status
+    assert response.headers.get("retry-after") == retry_after

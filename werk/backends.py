@@ -325,11 +325,21 @@ class PrefillOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):
+    """Arguments of :func:`werk_decode`.
+
+    :ivar state: the state the handoff carried (as :func:`werk_prefill` returned it).
+    :ivar restore: present when the state has a persisted (disk) copy: awaiting it returns that
+        copy as a ``file`` payload the backend then owns, as in :func:`werk_restore`. A backend
+        whose live state is no longer resident restores it from there (at most once) instead of
+        failing; a backend that keeps every live state never calls it.
+    """
+
     state: BackendState
     max_tokens: int = 64
     temperature: float = 0.0
     seed: int | None = None
     stop: Sequence[str] = ()
+    restore: Callable[[], Awaitable[BackendState]] | None = None
 
 
 class DecodeOutcome(msgspec.Struct, frozen=True, kw_only=True):

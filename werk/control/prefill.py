@@ -85,6 +85,8 @@ class _Live(msgspec.Struct, frozen=True):
 
     model: str
     state: BackendState
+    persisted: bool = False
+    """The handoff's ``state_id`` names a disk state: decode may restore the state from it."""
 
 
 class PrefillFlow:
@@ -318,10 +320,11 @@ class PrefillFlow:
                     policy.pin,
                 )
                 state_id = summary.id if summary is not None else None
+            persisted = summary is not None and summary.tier is Tier.DISK
             issued = reservation.issue(
                 HandoffBinding(
                     envelope=envelope,
-                    payload=_Live(model=spec.id, state=outcome.state),
+                    payload=_Live(model=spec.id, state=outcome.state, persisted=persisted),
                     state_id=state_id,
                 )
             )
@@ -407,7 +410,15 @@ class PrefillFlow:
             rows = await self.s.rows_for(runtime.model, runtime)
             # The opt-in was given at prefill; decode accepts supported or experimental.
             gate(rows, CapabilityId.PD_DECODE, allow_experimental=True)
-            with self.s.runtimes.hold(runtime):
+            state_id = consumed.binding.state_id
+            copy = (
+                _DiskCopy(self, principal, state_id, runtime)
+                if live.persisted and state_id is not None
+                else None
+            )
+            with self.s.runtimes.hold(runtime), contextlib.ExitStack() as cleanup:
+                if copy is not None:
+                    cleanup.callback(copy.discard)
                 outcome: DecodeOutcome = await self.s.pm.call_operation(
                     Operation.DECODE,
                     runtime,
@@ -417,6 +428,7 @@ class PrefillFlow:
                         temperature=request.temperature,
                         seed=request.seed,
                         stop=request.stop,
+                        restore=copy.payload if copy is not None else None,
                     ),
                 )
             text = bound_completion_text(outcome.text)
@@ -437,6 +449,39 @@ class PrefillFlow:
             state=None,
             handoff=handoff,
         )
+
+
+class _DiskCopy:
+    """A decode's way back to its state's disk copy (``DecodeCall.restore``): the payload is
+    exported (hash-verified) only when the backend asks, counted as a restore, and whatever
+    the backend left of it is deleted after the decode."""
+
+    def __init__(self, flow: PrefillFlow, principal: str, state_id: str, runtime: Runtime) -> None:
+        self._flow = flow
+        self._principal = principal
+        self._state_id = state_id
+        self._runtime = runtime
+        self._path: Path | None = None
+
+    async def payload(self) -> BackendState:
+        if self._path is not None:
+            raise IncompatibleState("a decode restores its state's disk copy at most once")
+        flow, principal, model = self._flow, self._principal, self._runtime.model.id
+        flow.s.accounting.restore_attempted(principal, model)
+        self._path = await anyio.to_thread.run_sync(
+            lambda: flow._materialize(principal, self._state_id)
+        )
+        await anyio.to_thread.run_sync(
+            lambda: flow.s.catalog.mark_loaded(principal, self._state_id)
+        )
+        return BackendState(
+            kind=StateKind.FILE, path=self._path, generation=self._runtime.generation
+        )
+
+    def discard(self) -> None:
+        if self._path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._path.unlink()
 
 
 @contextlib.contextmanager

@@ -62,6 +62,9 @@ def error_response(request: Request, exc: BaseException) -> Response:
     err = to_werk_error(exc, request_id)
     status = err.http_status
     headers = {"WWW-Authenticate": "Bearer"} if err.code is ErrorCode.UNAUTHENTICATED else None
+    if err.retryable and (err.retry_after is not None or status == 429):
+        # RFC 9110 §10.2.3; a 429 always says when (a second unless the error knows better).
+        headers = {"Retry-After": str(max(1, int(err.retry_after or 1)))}
     if isinstance(exc, HTTPException) and exc.status_code == 405 and exc.headers:
         allow = exc.headers.get("Allow")  # RFC 9110 §15.5.6: a 405 lists the allowed methods
         if allow:

@@ -105,6 +105,8 @@ class WerkError(Exception):
     :param message: Werk's own human-readable summary (never raw backend output).
     :param capability: the capability id whose gate caused the error, if any.
     :param retryable: override the code's default retryability.
+    :param retry_after: seconds a client should wait before retrying (sent as ``Retry-After``
+        with a retryable error).
     """
 
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
@@ -118,11 +120,13 @@ class WerkError(Exception):
         *,
         capability: str | None = None,
         retryable: bool | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.capability = capability
         self.retryable = self.default_retryable if retryable is None else retryable
+        self.retry_after = retry_after
         self.request_id: str | None = None
         """Set by the bundled client from the server's error body."""
 

@@ -24,9 +24,10 @@ from test_llamacpp_states_support import (
     payload_copy,
     runtime_for,
     slot_files,
+    spill_files,
     uncached_completion,
 )
-from werk_llamacpp import states
+from werk_llamacpp import spills, states
 from werk_llamacpp.handle import LlamaHandle, ProbeStatus
 from werk_llamacpp.slots import SlotState, tokenize
 
@@ -72,6 +73,7 @@ async def handle(child: Child) -> AsyncIterator[LlamaHandle]:
     try:
         yield made
     finally:
+        await spills.drop_all(made)  # what ending the process generation does
         await made.http.aclose()
 
 
@@ -131,19 +133,41 @@ async def test_a_decode_that_would_re_prefill_fails(handle: LlamaHandle, child: 
     assert child.prompt_evals(STATE_SLOT)[-1] == outcome.prompt_tokens
     # The state is now stale: it is refused before any request is sent.
     evals = len(child.prompt_evals(STATE_SLOT))
-    with pytest.raises(BackendError, match="given to another state"):
+    with pytest.raises(ReuseUnavailable, match="given to another state or emptied"):
         await states.decode(runtime, DecodeCall(state=outcome.state, max_tokens=4))
     assert len(child.prompt_evals(STATE_SLOT)) == evals
 
 
-async def test_a_newer_state_stales_the_old_one_in_the_single_state_slot(
-    handle: LlamaHandle,
+async def test_a_held_state_is_spilled_for_a_newer_one_and_decoded_from_its_spill(
+    handle: LlamaHandle, child: Child
 ) -> None:
+    """One state slot, two prefills before either decode (two clients): the first state is
+    saved to a spill before the second takes the slot, and each decode restores its own."""
     runtime = runtime_for(handle)
     first = await states.prefill(runtime, PrefillCall(prompt=PROMPT))
     second = await states.prefill(runtime, PrefillCall(prompt=OTHER))
     assert _slot_state(second.state).epoch > _slot_state(first.state).epoch
-    with pytest.raises(BackendError, match="not resident"):
+    assert len(spill_files(child)) == 1
+    decoded = await states.decode(runtime, DecodeCall(state=first.state, max_tokens=12))
+    control = uncached_completion(child, PROXY_SLOT, list(_slot_state(first.state).tokens), 12)
+    assert decoded.text == control["content"] and decoded.completion_tokens == 12
+    assert len(spill_files(child)) == 1  # first's spill ended; second was spilled for it
+    other = await states.decode(runtime, DecodeCall(state=second.state, max_tokens=12))
+    control = uncached_completion(child, PROXY_SLOT, list(_slot_state(second.state).tokens), 12)
+    assert other.text == control["content"]
+    assert spill_files(child) == []  # both decoded: nothing kept
+
+
+async def test_a_decoded_state_is_not_kept_and_a_newer_one_stales_it(
+    handle: LlamaHandle, child: Child
+) -> None:
+    runtime = runtime_for(handle)
+    first = await states.prefill(runtime, PrefillCall(prompt=PROMPT))
+    await states.decode(runtime, DecodeCall(state=first.state, max_tokens=2))  # hold ends
+    second = await states.prefill(runtime, PrefillCall(prompt=OTHER))
+    assert _slot_state(second.state).epoch > _slot_state(first.state).epoch
+    assert spill_files(child) == []  # nothing awaited first's decode any more
+    with pytest.raises(ReuseUnavailable, match="not resident"):
         await states.decode(runtime, DecodeCall(state=first.state, max_tokens=2))
     with pytest.raises(BackendError, match="no longer resident"):
         await states.snapshot(runtime, first.state)

@@ -242,7 +242,12 @@ def uncached_completion(child: Child, slot: int, prompt: Any, n_predict: int) ->
 
 
 def slot_files(child: Child) -> list[str]:
-    return sorted(os.listdir(child.slot_dir))
+    """The slot directory's files, but the spills of held states (see :func:`spill_files`)."""
+    return sorted(f for f in os.listdir(child.slot_dir) if not f.startswith("werk-spill-"))
+
+
+def spill_files(child: Child) -> list[str]:
+    return sorted(f for f in os.listdir(child.slot_dir) if f.startswith("werk-spill-"))
 
 
 def payload_copy(state: BackendState, scratch: Path) -> BackendState:

@@ -20,11 +20,16 @@ without the controls keeps its own default.
 Model options (all optional; unknown keys are rejected)::
 
     {"llama_server": PATH, "native_args": [...], "warmup_tokens": 0, "parallel": 4,
-     "ctx_size": 4096, "startup_timeout": 300}
+     "ctx_size": 4096, "startup_timeout": 300, "state_slots": 1,
+     "state_hold_seconds": 900, "state_wait_seconds": 30}
 
-``parallel`` is the number of slots for ``/v1`` traffic; one more slot is reserved for named
-states and the functional probe. ``ctx_size`` is the context of *each* slot (llama-server
-divides ``-c`` among the slots when ``-np`` is explicit).
+``parallel`` is the number of slots for ``/v1`` traffic; ``state_slots`` more slots are
+reserved for named states and the functional probe. ``ctx_size`` is the context of *each* slot
+(llama-server divides ``-c`` among the slots when ``-np`` is explicit), so every state slot
+costs one slot's KV cache. A prefilled state is kept for its decode for up to
+``state_hold_seconds`` (a handoff's lifetime; spilled to a file when its slot is needed first),
+and a state request waits in line for the state slots at most ``state_wait_seconds``
+(:mod:`werk_llamacpp.slot_allocator`).
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ from .inspect import Inspection
 
 __all__ = [
     "ARGS_ENV",
+    "DEFAULT_STATE_SLOTS",
     "RESERVED_FLAGS",
-    "STATE_SLOT_COUNT",
     "BuiltArgs",
     "LaunchOptions",
     "build_args",
@@ -56,7 +61,9 @@ __all__ = [
 ]
 
 ARGS_ENV = "WERK_LLAMA_ARGS"
-STATE_SLOT_COUNT = 1
+DEFAULT_STATE_SLOTS = 1
+DEFAULT_STATE_HOLD_SECONDS = 900
+DEFAULT_STATE_WAIT_SECONDS = 30
 DEFAULT_PARALLEL = 4
 DEFAULT_CTX = 4096
 DEFAULT_STARTUP_TIMEOUT = 300.0
@@ -93,6 +100,9 @@ _KNOWN_OPTIONS = {
     "parallel",
     "ctx_size",
     "startup_timeout",
+    "state_slots",
+    "state_hold_seconds",
+    "state_wait_seconds",
 }
 
 
@@ -102,6 +112,9 @@ class LaunchOptions(msgspec.Struct, frozen=True):
     parallel: int = DEFAULT_PARALLEL
     ctx_size: int = DEFAULT_CTX
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    state_slots: int = DEFAULT_STATE_SLOTS
+    state_hold_seconds: int = DEFAULT_STATE_HOLD_SECONDS
+    state_wait_seconds: int = DEFAULT_STATE_WAIT_SECONDS
 
 
 def _int_option(options: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
@@ -148,6 +161,13 @@ def parse_options(
         parallel=_int_option(options, "parallel", DEFAULT_PARALLEL, 1, 64),
         ctx_size=_int_option(options, "ctx_size", DEFAULT_CTX, 64, 1 << 20),
         startup_timeout=float(timeout),
+        state_slots=_int_option(options, "state_slots", DEFAULT_STATE_SLOTS, 1, 16),
+        state_hold_seconds=_int_option(
+            options, "state_hold_seconds", DEFAULT_STATE_HOLD_SECONDS, 1, 900
+        ),
+        state_wait_seconds=_int_option(
+            options, "state_wait_seconds", DEFAULT_STATE_WAIT_SECONDS, 0, 300
+        ),
     )
 
 
@@ -237,7 +257,7 @@ def build_args(
         ("--port", "<port>"),
         ("--api-key", "<api-key>"),
     ]
-    n_parallel = options.parallel + STATE_SLOT_COUNT
+    n_parallel = options.parallel + options.state_slots
     if has("--slot-save-path"):
         head.append(("--slot-save-path", "<slot-dir>"))
     if has("-np", "--parallel"):

@@ -61,6 +61,8 @@ class LlamaHandle:
         evaluated in that slot since (the restore's acknowledged token count): a Prefill that
         continues that state with exactly its tokens evaluates nothing.
     :ivar log_path: the child's captured stdout/stderr.
+    :ivar hold_seconds: how long a prefilled state is kept for its decode at most.
+    :ivar wait_seconds: how long a state request waits in line for ``slot_lock`` at most.
     """
 
     base_url: str
@@ -85,3 +87,5 @@ class LlamaHandle:
         )
     )
     restored_slot: tuple[int, int, int] | None = None
+    hold_seconds: float = 900.0
+    wait_seconds: float = 30.0

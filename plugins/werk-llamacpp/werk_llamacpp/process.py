@@ -55,7 +55,6 @@ from werk import (
 
 from . import __version__
 from .args import (
-    STATE_SLOT_COUNT,
     BuiltArgs,
     LaunchOptions,
     build_args,
@@ -426,9 +425,12 @@ async def start_runtime(
         total_slots, n_ctx, alias = await _props(relay)
         await verify_unchanged(inspection, digest)
         blockers = state_blockers(built, inspection)
-        if total_slots < 1 + STATE_SLOT_COUNT:
-            blockers.append(f"only {total_slots} slot(s); named states need a reserved slot")
-        state_slots = () if blockers else tuple(range(total_slots - STATE_SLOT_COUNT, total_slots))
+        reserved = options.state_slots
+        if total_slots < 1 + reserved:
+            blockers.append(
+                f"only {total_slots} slot(s); named states need {reserved} reserved slot(s)"
+            )
+        state_slots = () if blockers else tuple(range(total_slots - reserved, total_slots))
         general = tuple(i for i in range(total_slots) if i not in state_slots)
         cache_layout = (
             f"llama.cpp slots v1 n_ctx={n_ctx} n_parallel={total_slots} "
@@ -452,6 +454,8 @@ async def start_runtime(
             model_alias=alias or spec.id,
             n_ctx=n_ctx,
             picker=SlotPicker(general),
+            hold_seconds=options.state_hold_seconds,
+            wait_seconds=options.state_wait_seconds,
             prepared=prepared,
             lineage=lineage_of(
                 executable=f"sha256:{inspection.sha256}",

@@ -1,11 +1,8 @@
 """State slots of one llama-server child: who owns which slot, and the ``/slots`` API.
 
 **Ownership.** Named states live in the child's *state slots* (``LlamaHandle.state_slots``,
-never used by ``/v1``). A live state is a :class:`SlotState`: a slot id plus the slot's *epoch*.
-The :class:`SlotAllocator` bumps a slot's epoch every time the slot is (re)assigned or its content
-is discarded, so a handle whose slot was taken by a newer state is recognisably stale
-(:meth:`SlotAllocator.current`). Callers hold ``handle.slot_lock`` for every allocation and every
-request that touches a state slot; the allocator itself is plain bookkeeping.
+never used by ``/v1``); who owns which, and who waits for one, is
+:mod:`werk_llamacpp.slot_allocator`'s (re-exported here).
 
 **Slot-bound inference** (:func:`complete_in_slot`) sends token ids to ``/completion`` with
 ``cache_prompt: true`` and an explicit ``id_slot``, and returns the server's own reuse evidence:
@@ -32,9 +29,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
@@ -52,6 +47,7 @@ from werk import (
 )
 
 from .handle import LlamaHandle
+from .slot_allocator import SlotAllocator, SlotState, allocator_for, check_state_slot
 
 __all__ = [
     "Completion",
@@ -84,100 +80,6 @@ ANSWER_LIMIT_BYTES = 64 << 20
 """The largest JSON answer read from the child (a ``/slots`` listing, a completion)."""
 
 _FILENAME = re.compile(r"^werk-[a-z]+-[0-9a-f]{32}\.slot$")
-
-
-# -- live states and their slots ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SlotState:
-    """A live named state: the prompt tokens evaluated in one state slot of one child.
-
-    :ivar slot: the state slot holding the KV cells.
-    :ivar epoch: the slot's epoch when this state was made (stale once the slot moves on).
-    :ivar generation: the process generation of the child.
-    :ivar tokens: the prompt's token ids, resent on decode so the server matches the cached
-        prefix (never shown in ``repr``: they are the prompt).
-    """
-
-    slot: int
-    epoch: int
-    generation: str
-    tokens: tuple[int, ...] = field(repr=False)
-
-
-@dataclass
-class SlotAllocator:
-    """Epochs and recency of one child's state slots (callers hold ``handle.slot_lock``).
-
-    A slot is *free* before its first assignment and after :meth:`retire`; :meth:`acquire`
-    prefers free slots, then the least recently used one (evicting the state in it).
-    """
-
-    slots: tuple[int, ...]
-    _epochs: dict[int, int] = field(default_factory=dict)
-    _used: dict[int, int] = field(default_factory=dict)
-    _clock: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.slots or len(set(self.slots)) != len(self.slots):
-            raise ValueError("a slot allocator needs distinct state slots")
-        self._epochs = {slot: 0 for slot in self.slots}
-
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
-
-    def acquire(self) -> tuple[int, int]:
-        """Assign a slot to a new state: ``(slot, epoch)``. Any state in it becomes stale."""
-        free = [s for s in self.slots if s not in self._used]
-        slot = free[0] if free else min(self.slots, key=lambda s: self._used[s])
-        self._epochs[slot] += 1
-        self._used[slot] = self._tick()
-        return slot, self._epochs[slot]
-
-    def current(self, slot: int, epoch: int) -> bool:
-        """Whether the state made at ``epoch`` still owns ``slot``."""
-        return self._epochs.get(slot) == epoch
-
-    def touch(self, slot: int) -> None:
-        if slot in self._used:
-            self._used[slot] = self._tick()
-
-    def retire(self, slot: int) -> None:
-        """The slot's content is gone (erased or unknown): stale its state, make it free."""
-        if slot in self._epochs:
-            self._epochs[slot] += 1
-            self._used.pop(slot, None)
-
-
-_ALLOCATORS: weakref.WeakKeyDictionary[LlamaHandle, SlotAllocator] = weakref.WeakKeyDictionary()
-
-
-def allocator_for(handle: LlamaHandle) -> SlotAllocator:
-    """The allocator of ``handle``'s state slots (one per child, created on first use)."""
-    allocator = _ALLOCATORS.get(handle)
-    if allocator is None:
-        for slot in handle.state_slots:
-            check_state_slot(handle, slot)
-        allocator = SlotAllocator(tuple(handle.state_slots))
-        _ALLOCATORS[handle] = allocator
-    return allocator
-
-
-def check_state_slot(handle: LlamaHandle, slot: int) -> int:
-    """``slot`` if it is one of the handle's state slots and below ``total_slots``.
-
-    llama-server wraps out-of-range ids instead of refusing them, so an unchecked id could act
-    on a slot that serves ``/v1`` traffic.
-    """
-    if isinstance(slot, bool) or not isinstance(slot, int):
-        raise BackendError(f"slot id {slot!r} is not an integer")
-    if not 0 <= slot < handle.total_slots:
-        raise BackendError(f"slot id {slot} is outside 0..{handle.total_slots - 1}")
-    if slot not in handle.state_slots:
-        raise BackendError(f"slot {slot} is not one of this process's state slots")
-    return slot
 
 
 def new_slot_filename(purpose: str) -> str:

@@ -1,13 +1,18 @@
 """Named states on a managed llama-server: prefill, snapshot, restore and decode.
 
 The four operation hooks of the llama.cpp backend, wired by ``plugin.py``. All of them hold
-``handle.slot_lock`` while they touch a state slot, so slot allocation, ``/slots`` actions and
+``handle.slot_lock`` while they touch a state slot (waiting in line for it, at most
+``state_wait_seconds``, then ``resource_exhausted``), so slot allocation, ``/slots`` actions and
 slot-bound completions never interleave on one child.
 
 **Live states** are ``BackendState(kind=handle)`` whose ``handle`` is a
-:class:`~werk_llamacpp.slots.SlotState` (slot id, slot epoch, generation, prompt tokens). A state
-whose slot was since given to another state (the epoch moved on) is *stale*: decoding it is an
-error, never a silent re-prefill.
+:class:`~werk_llamacpp.slots.SlotState` (slot id, slot epoch, generation, prompt tokens). A
+prefilled (or restored) state is *held* for its decode: when its slot is needed by another
+state first, it is spilled to a file and restored for its decode
+(:mod:`~werk_llamacpp.spills`); after ``state_hold_seconds`` the hold ends. A state whose slot
+was since given to another state (the epoch moved on) and that has no spill is *stale*: its
+decode restores it from its disk copy when the host offers one (``DecodeCall.restore``) and is
+refused with ``reuse_unavailable`` otherwise, never silently re-prefilled.
 
 **Prefill** runs the functional probe first when this generation has not run it (the host lets an
 opted-in Prefill through while the capability is still ``unavailable``) and refuses with
@@ -81,6 +86,7 @@ from werk import (
 
 from .handle import LlamaHandle, ProbeStatus
 from .probe import run_probe
+from .slot_allocator import slot_lock
 from .slots import (
     LlamaRefused,
     SlotState,
@@ -94,6 +100,7 @@ from .slots import (
     slot_is_idle,
     tokenize,
 )
+from .spills import bring_back, spilled, take_slot
 
 __all__ = ["PAYLOAD_FORMAT", "decode", "prefill", "restore", "snapshot"]
 
@@ -174,7 +181,7 @@ async def _unlink(path: Path) -> None:
 async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
     """Evaluate the prompt in a state slot; see the module docstring."""
     handle = _handle_of(runtime)
-    async with handle.slot_lock:
+    async with slot_lock(handle):
         if handle.probe.status is ProbeStatus.NOT_RUN:
             handle.probe = await run_probe(handle)
         _require_probe(handle, CapabilityId.PD_PREFILL)
@@ -192,14 +199,17 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
         restored, handle.restored_slot = handle.restored_slot, None
         if target is not None and _restored_whole(handle, restored, target, call, tokens):
             allocator.touch(target[0])
+            live = _live(handle, *target, tokens)
+            if not _inherits_hold(handle, call, target):
+                allocator.hold(_slot_state(handle, live), handle.hold_seconds)
             return PrefillOutcome(
-                state=_live(handle, *target, tokens),
+                state=live,
                 prompt_tokens=len(tokens),
                 cached_tokens=len(tokens),
             )
         fresh = target is None
         if target is None:
-            target = allocator.acquire()
+            target = await take_slot(handle)
         slot, epoch = target
         try:
             if fresh:
@@ -209,11 +219,24 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
             await _discard(handle, slot, exc)
             raise
         allocator.touch(slot)
+        live = _live(handle, slot, epoch, tokens)
+        if fresh or not _inherits_hold(handle, call, target):
+            allocator.hold(_slot_state(handle, live), handle.hold_seconds)  # for its decode
     return PrefillOutcome(
-        state=_live(handle, slot, epoch, tokens),
+        state=live,
         prompt_tokens=len(tokens),
         cached_tokens=answer.timings.cache_n,
     )
+
+
+def _inherits_hold(handle: LlamaHandle, call: PrefillCall, target: tuple[int, int]) -> bool:
+    """Whether the prefill continued, in its own slot, a state ``werk_restore`` placed and held
+    for it: that hold becomes this state's (its decode releases it)."""
+    reuse_from = call.reuse_from
+    if reuse_from is None or reuse_from.kind is not StateKind.HANDLE:
+        return False
+    live = _slot_state(handle, reuse_from)
+    return live.restored and (live.slot, live.epoch) == target
 
 
 def _restored_whole(
@@ -244,6 +267,11 @@ async def _reuse_target(handle: LlamaHandle, call: PrefillCall) -> tuple[int, in
     live = _slot_state(handle, reuse_from)
     if allocator_for(handle).current(live.slot, live.epoch):
         return live.slot, live.epoch
+    spill = spilled(handle, live)
+    if spill is not None:  # held for a decode when its slot was needed: back from its file
+        # A restored state's spill stood for the hold of this very prefill: it ends here.
+        back = await bring_back(handle, spill, decoding=live.restored)
+        return back.slot, back.epoch
     if call.policy.reuse is Reuse.REQUIRED:
         raise ReuseUnavailable(
             "the reusable state is no longer resident in llama-server (its slot was reassigned)"
@@ -258,11 +286,16 @@ async def snapshot(runtime: Runtime, state: BackendState) -> BackendState:
     """Save a live state's slot as a sealed, fsynced ``file`` payload; see the module docstring."""
     handle = _handle_of(runtime)
     live = _slot_state(handle, state)
-    async with handle.slot_lock:
+    async with slot_lock(handle):
         _require_probe(handle, CapabilityId.STATE_PERSISTENCE)
         allocator = allocator_for(handle)
         if not allocator.current(live.slot, live.epoch):
-            raise BackendError("the state is no longer resident in llama-server; cannot save it")
+            spill = spilled(handle, live)
+            if spill is None:
+                raise BackendError(
+                    "the state is no longer resident in llama-server; cannot save it"
+                )
+            live = await bring_back(handle, spill, decoding=False)
         filename = new_slot_filename("snapshot")
         path = handle.slot_dir / filename
         try:
@@ -325,8 +358,10 @@ def _seal(path: Path, meta: PayloadMeta) -> None:
 async def restore(runtime: Runtime, payload: BackendState) -> BackendState:
     """Load a sealed snapshot into an idle state slot; see the module docstring."""
     handle = _handle_of(runtime)
-    async with handle.slot_lock:
-        return await _restore_locked(handle, payload)
+    async with slot_lock(handle):
+        restored = await _restore_locked(handle, payload)
+        allocator_for(handle).hold(_slot_state(handle, restored), handle.hold_seconds)
+        return restored  # held for the prefill that continues it, which takes the hold over
 
 
 async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> BackendState:
@@ -345,7 +380,7 @@ async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> Backend
         if meta.generation != handle.generation:
             _require_cross_restart(handle, meta)
         allocator = allocator_for(handle)
-        slot, epoch = allocator.acquire()
+        slot, epoch = await take_slot(handle)
         try:
             if not await slot_is_idle(handle, slot):
                 raise BackendError(f"state slot {slot} is busy; refusing to restore into it")
@@ -365,7 +400,9 @@ async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> Backend
     tokens = tuple(meta.tokens)
     return BackendState(
         kind=StateKind.HANDLE,
-        handle=SlotState(slot=slot, epoch=epoch, generation=handle.generation, tokens=tokens),
+        handle=SlotState(
+            slot=slot, epoch=epoch, generation=handle.generation, tokens=tokens, restored=True
+        ),
         generation=handle.generation,
         tokens=len(tokens),
         logical_bytes=meta.n_written,
@@ -447,6 +484,29 @@ def _move_or_copy(source: Path, dest: Path) -> None:
 # -- decode ------------------------------------------------------------------------------------
 
 
+async def _restore_for_decode(handle: LlamaHandle, call: DecodeCall, live: SlotState) -> SlotState:
+    """The state back in a slot from its spill or its disk copy, or ``reuse_unavailable`` when
+    it has neither. The caller holds the slot lock, so nothing takes the restored slot before
+    the decode runs."""
+    spill = spilled(handle, live)
+    if spill is not None:
+        return await bring_back(handle, spill, decoding=True)
+    if call.restore is None:
+        raise ReuseUnavailable(
+            f"{_NOT_RESIDENT}: its slot was given to another state or emptied, and it has no "
+            f"spill or disk copy (a state is kept for its decode for {handle.hold_seconds:g} s): "
+            "prefill again"
+        )
+    payload = await call.restore()
+    restored = _slot_state(handle, await _restore_locked(handle, payload))
+    if restored.tokens != live.tokens:
+        allocator_for(handle).retire(restored.slot)
+        with anyio.CancelScope(shield=True), contextlib.suppress(WerkError, LlamaRefused):
+            await erase_slot(handle, restored.slot)
+        raise BackendError("the state's disk copy holds other tokens than its handoff")
+    return restored
+
+
 _FINISH = {"limit": FinishReason.LENGTH, "eos": FinishReason.STOP, "word": FinishReason.STOP}
 
 
@@ -457,32 +517,35 @@ async def decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
     if call.max_tokens < 1:
         raise InvalidRequest("max_tokens must be at least 1")
     seed = None if call.seed is None else call.seed % (2**32 - 1)
-    async with handle.slot_lock:
+    async with slot_lock(handle):
         _require_probe(handle, CapabilityId.PD_DECODE)
-        handle.restored_slot = None  # the slot evaluates now
         allocator = allocator_for(handle)
         if not allocator.current(live.slot, live.epoch):
-            raise BackendError(f"{_NOT_RESIDENT} (its slot was given to another state)")
+            live = await _restore_for_decode(handle, call, live)
+        handle.restored_slot = None  # the slot evaluates now
         try:
-            answer = await complete_in_slot(
-                handle,
-                live.slot,
-                live.tokens,
-                n_predict=call.max_tokens,
-                temperature=call.temperature,
-                seed=seed,
-                stop=call.stop,
-            )
-        except BaseException as exc:
-            await _discard(handle, live.slot, exc)
-            raise
-        if answer.timings.cache_n < len(live.tokens) - 1:
-            allocator.retire(live.slot)
-            raise BackendError(
-                f"{_NOT_RESIDENT} (llama-server reused {answer.timings.cache_n} of "
-                f"{len(live.tokens)} prompt tokens)"
-            )
-        allocator.touch(live.slot)
+            try:
+                answer = await complete_in_slot(
+                    handle,
+                    live.slot,
+                    live.tokens,
+                    n_predict=call.max_tokens,
+                    temperature=call.temperature,
+                    seed=seed,
+                    stop=call.stop,
+                )
+            except BaseException as exc:
+                await _discard(handle, live.slot, exc)
+                raise
+            if answer.timings.cache_n < len(live.tokens) - 1:
+                allocator.retire(live.slot)
+                raise BackendError(
+                    f"{_NOT_RESIDENT} (llama-server reused {answer.timings.cache_n} of "
+                    f"{len(live.tokens)} prompt tokens)"
+                )
+            allocator.touch(live.slot)
+        finally:
+            allocator.release(live.slot, live.epoch)
     finish = FinishReason.LENGTH if answer.truncated else _FINISH.get(answer.stop_type)
     if finish is None:
         raise BackendError(
