@@ -222,7 +222,8 @@ def werk_decode(
     final for that handoff. Completion text over 1 MiB of UTF-8 is refused by the host.
 
     :param runtime: the owning plugin's live runtime.
-    :param call: the state and the sampling parameters.
+    :param call: the state and the sampling parameters; ``call.restore``, when present, returns
+        the state's disk copy (call it at most once, when the live state is gone).
     :returns: a :class:`werk.DecodeOutcome`, optionally with a replacement state.
     """
 

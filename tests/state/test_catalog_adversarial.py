@@ -23,7 +23,7 @@ from _crash_child import (
 )
 
 from werk import _fs
-from werk.protocol.errors import ErrorCode, NotFound, PayloadTooLarge
+from werk.protocol.errors import ErrorCode, InsufficientStorage, NotFound, PayloadTooLarge
 from werk.protocol.states import PruneFilter, PruneRequest, Tier
 from werk.state.catalog import StateCatalog, StorageError, StoredState
 
@@ -338,11 +338,16 @@ def test_disk_errors_abort_the_commit(
             raise OSError(code, os.strerror(code))
 
     faults(hook)
-    with pytest.raises(StorageError) as info:
+    with pytest.raises((StorageError, InsufficientStorage)) as info:
         commit(catalog, payload_chunks(5, 3, 10_000))
     faults(lambda name: None)
-    assert info.value.code is ErrorCode.INTERNAL
-    assert errno.errorcode[code] in info.value.message
+    if code == errno.ENOSPC:  # the client can act on a full disk: a typed, retryable 507
+        assert isinstance(info.value, InsufficientStorage) and info.value.retryable
+        assert info.value.code is ErrorCode.UNAVAILABLE and info.value.http_status == 507
+        assert "no space left" in info.value.message
+    else:
+        assert info.value.code is ErrorCode.INTERNAL
+        assert errno.errorcode[code] in info.value.message
     assert calls.count(point) == nth  # the failed call was the last one: never retried
     assert leftovers(home) == []
     assert [s.id for s in catalog.list("local")] == [first.id, second.id]

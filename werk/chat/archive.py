@@ -45,7 +45,15 @@ import msgspec
 
 from .. import _fs
 from .._fs import Rejected
-from ..protocol import Conflict, InternalError, InvalidRequest, NotFound, PayloadTooLarge
+from ..protocol import (
+    Conflict,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    WerkError,
+    storage_refusal,
+)
 
 __all__ = [
     "LOCK",
@@ -131,7 +139,11 @@ def decode_record(data: bytes, name: str) -> ArchiveRecord:
     return record
 
 
-def _fail(name: str, exc: Rejected | OSError) -> ArchiveError:
+def _fail(name: str, exc: Rejected | OSError) -> WerkError:
+    if isinstance(exc, OSError):
+        refusal = storage_refusal(exc, f"write chat session {name!r}")
+        if refusal is not None:
+            return refusal
     reason = exc.reason if isinstance(exc, Rejected) else (exc.strerror or str(exc))
     return ArchiveError(f"chat session {name!r}: {reason}")
 

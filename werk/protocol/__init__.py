@@ -24,11 +24,13 @@ from .errors import (
     ErrorDetail,
     ExperimentalOptInRequired,
     IncompatibleState,
+    InsufficientStorage,
     InternalError,
     InvalidHandoff,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
+    ReadOnlyStorage,
     ResourceExhausted,
     ReuseUnavailable,
     Unauthenticated,
@@ -38,6 +40,7 @@ from .errors import (
     WerkError,
     WerkTimeout,
     error_class,
+    storage_refusal,
 )
 from .info import AuthMode, InfoResponse, ModelRef, PluginInfo, PluginStatus, ServerInfo
 from .jobs import (
@@ -149,6 +152,7 @@ __all__ = [
     "HostMemory",
     "IncompatibleState",
     "InfoResponse",
+    "InsufficientStorage",
     "InternalError",
     "InvalidHandoff",
     "InvalidRequest",
@@ -181,6 +185,7 @@ __all__ = [
     "PruneRequest",
     "PruneResult",
     "PruneSkip",
+    "ReadOnlyStorage",
     "Request",
     "ResidencyRequest",
     "ResidencyResult",
@@ -213,6 +218,7 @@ __all__ = [
     "encode",
     "error_class",
     "rfc3339",
+    "storage_refusal",
     "to_builtins",
     "validate_capability_id",
 ]

@@ -10,6 +10,7 @@ Messages are Werk's own words. Backend error text is never passed through as a m
 from __future__ import annotations
 
 import enum
+import errno
 from typing import ClassVar
 
 from .base import Response
@@ -23,11 +24,13 @@ __all__ = [
     "ErrorDetail",
     "ExperimentalOptInRequired",
     "IncompatibleState",
+    "InsufficientStorage",
     "InternalError",
     "InvalidHandoff",
     "InvalidRequest",
     "NotFound",
     "PayloadTooLarge",
+    "ReadOnlyStorage",
     "ResourceExhausted",
     "ReuseUnavailable",
     "Unauthenticated",
@@ -37,6 +40,7 @@ __all__ = [
     "WerkError",
     "WerkTimeout",
     "error_class",
+    "storage_refusal",
 ]
 
 
@@ -241,6 +245,36 @@ class Unavailable(WerkError):
 
     code = ErrorCode.UNAVAILABLE
     default_retryable = True
+
+
+class InsufficientStorage(Unavailable):
+    """The disk that holds ``WERK_HOME`` is full (``ENOSPC``, ``EDQUOT``): a write was refused,
+    nothing half-written was published, reads keep working. HTTP 507; retryable once space is
+    freed."""
+
+    status_override = 507
+
+
+class ReadOnlyStorage(Unavailable):
+    """The file system that holds ``WERK_HOME`` is read-only (``EROFS``): a write was refused,
+    reads keep working. Not retryable until an operator makes it writable again."""
+
+    default_retryable = False
+
+
+def storage_refusal(exc: OSError, action: str) -> Unavailable | None:
+    """The typed error for a write the disk refused (full or read-only), else ``None``."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientStorage(
+            f"could not {action}: no space left on the disk that holds WERK_HOME; "
+            "free space and retry",
+            retry_after=30,
+        )
+    if exc.errno == errno.EROFS:
+        return ReadOnlyStorage(
+            f"could not {action}: the file system that holds WERK_HOME is read-only"
+        )
+    return None
 
 
 class WerkTimeout(WerkError):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import _fs
 from .._fs import Rejected, fsync_dir, open_dir
-from ..protocol.errors import InternalError
+from ..protocol.errors import InternalError, storage_refusal
 from .layout import LOCK_NAME, STORE_DIRS
 
 __all__ = [
@@ -39,10 +39,15 @@ class StorageError(InternalError):
 
 @contextlib.contextmanager
 def storage_errors(action: str) -> Iterator[None]:
-    """Turn an :class:`OSError` into a :class:`StorageError` naming the action and errno."""
+    """Turn an :class:`OSError` into a :class:`StorageError` naming the action and errno; a
+    full or read-only disk into :class:`werk.InsufficientStorage` / :class:`werk.ReadOnlyStorage`
+    (what the client can act on)."""
     try:
         yield
     except OSError as exc:
+        refusal = storage_refusal(exc, action)
+        if refusal is not None:
+            raise refusal from exc
         code = errno.errorcode.get(exc.errno or 0, "unknown error")
         reason = exc.strerror or str(exc)
         raise StorageError(f"the state store could not {action}: {reason} ({code})") from exc

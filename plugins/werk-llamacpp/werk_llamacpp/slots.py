@@ -27,9 +27,11 @@ A save does not fsync; :func:`save_slot` leaves that to the caller, who owns the
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -38,6 +40,7 @@ import msgspec
 from werk import (
     BackendError,
     ChatMessage,
+    InsufficientStorage,
     InvalidRequest,
     LoopbackError,
     LoopbackTimeout,
@@ -60,6 +63,7 @@ __all__ = [
     "allocator_for",
     "check_state_slot",
     "complete_in_slot",
+    "disk_full",
     "erase_slot",
     "llama_json",
     "new_slot_filename",
@@ -208,6 +212,26 @@ def _check_echo(ack: SaveAck | RestoreAck | EraseAck, slot: int, filename: str |
         raise BackendError("llama-server acknowledged another file name than the one sent")
 
 
+DISK_FULL_BYTES = 1 << 20
+"""Free space under which a failed write into the slot directory is put down to a full disk."""
+
+
+def disk_full(directory: Path, action: str) -> InsufficientStorage | None:
+    """:class:`werk.InsufficientStorage` when the disk that holds ``directory`` (the slot
+    directory) is (nearly) full: llama-server reports a failed save without its reason, and a
+    save into a full disk may even be acknowledged whole while its file is short."""
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return None
+    if info.f_bavail * info.f_frsize >= DISK_FULL_BYTES:
+        return None
+    return InsufficientStorage(
+        f"could not {action}: no space left on the disk that holds WERK_HOME; free space and retry",
+        retry_after=30,
+    )
+
+
 async def save_slot(handle: LlamaHandle, slot: int, filename: str) -> SaveAck:
     """``action=save`` of ``slot`` into ``handle.slot_dir / filename`` (not fsynced).
 
@@ -220,7 +244,7 @@ async def save_slot(handle: LlamaHandle, slot: int, filename: str) -> SaveAck:
             handle, "POST", f"/slots/{slot}?action=save", "slot save", body={"filename": filename}
         )
     except LlamaRefused as exc:
-        raise BackendError(exc.summary) from None
+        raise disk_full(handle.slot_dir, "save a state slot") or BackendError(exc.summary) from None
     ack = _ack(SaveAck, data, "slot save")
     _check_echo(ack, slot, filename)
     if ack.n_saved <= 0 or ack.n_written <= 0:

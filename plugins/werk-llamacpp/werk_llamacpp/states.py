@@ -81,6 +81,7 @@ from werk import (
     StateKind,
     Unavailable,
     WerkError,
+    storage_refusal,
     write_all,
 )
 
@@ -92,6 +93,7 @@ from .slots import (
     SlotState,
     allocator_for,
     complete_in_slot,
+    disk_full,
     erase_slot,
     new_slot_filename,
     render_messages,
@@ -300,7 +302,7 @@ async def snapshot(runtime: Runtime, state: BackendState) -> BackendState:
         path = handle.slot_dir / filename
         try:
             ack = await save_slot(handle, live.slot, filename)
-            if ack.n_saved < len(live.tokens):
+            if ack.n_saved < len(live.tokens):  # (a short file is checked when sealing)
                 raise BackendError(
                     f"llama-server saved {ack.n_saved} tokens of a {len(live.tokens)}-token state"
                 )
@@ -315,7 +317,10 @@ async def snapshot(runtime: Runtime, state: BackendState) -> BackendState:
             try:
                 await anyio.to_thread.run_sync(lambda: _seal(path, meta))
             except OSError as exc:
-                raise BackendError(f"the slot file could not be sealed ({exc.strerror})") from None
+                refusal = storage_refusal(exc, "seal a state's slot file")
+                raise refusal or BackendError(
+                    f"the slot file could not be sealed ({exc.strerror})"
+                ) from None
         except BaseException:
             await _unlink(path)
             raise
@@ -335,6 +340,8 @@ def _seal(path: Path, meta: PayloadMeta) -> None:
     try:
         info = os.fstat(fd)
         if info.st_size != meta.n_written:
+            if (full := disk_full(path.parent, "seal a state's slot file")) is not None:
+                raise full
             raise BackendError(
                 f"the slot file has {info.st_size} bytes, llama-server reported {meta.n_written}"
             )
