@@ -10,7 +10,11 @@ states; the goal (issue 15) is a ratio ≤ 100 (no quadratic scans). The in-proc
 commit reconciles only what can need it, so filling is linear too: before that change, 2,000
 states took 93 s here because every commit rescanned the whole store).
 
-Run: ``.venv/bin/python benchmarks/listing_scale.py [--small 100] [--large 10000] [--rounds 100]``.
+A first page (``?limit=100``) is timed the same way: the store lists the directory and reads
+the metadata of that page's states only.
+
+Run: ``.venv/bin/python benchmarks/listing_scale.py [--small 100] [--large 10000] [--rounds 100]
+[--page 100] [--page-rounds 100]`` (``--large 100000 --rounds 0`` for the page alone at scale).
 Figures are printed, never asserted.
 """
 
@@ -49,8 +53,11 @@ def fill(home: Path, count: int) -> float:
     return time.perf_counter() - start
 
 
-def listed(home: Path, rounds: int, expected: int, log: Path) -> tuple[float, float]:
-    """(seconds for ``rounds`` HTTP listings, seconds for one in-process listing)."""
+def listed(
+    home: Path, rounds: int, page_rounds: int, page: int, expected: int, log: Path
+) -> tuple[float, float, float]:
+    """(seconds per full HTTP listing, seconds for one in-process listing, seconds per first
+    page of ``page`` states)."""
     start = time.perf_counter()
     assert len(StateCatalog(home).list(PRINCIPAL)) == expected
     in_process = time.perf_counter() - start
@@ -58,39 +65,61 @@ def listed(home: Path, rounds: int, expected: int, log: Path) -> tuple[float, fl
         werk_serve(home, [], log) as served,
         httpx.Client(base_url=served.url, timeout=600) as http,
     ):
-        first = http.get("/werk/v1/states")
+        first = http.get("/werk/v1/states", params={"limit": page})
         first.raise_for_status()
-        assert len(first.json()["states"]) == expected, "the server lists another number"
+        assert len(first.json()["states"]) == min(page, expected)
         start = time.perf_counter()
-        for _ in range(rounds):
-            http.get("/werk/v1/states").raise_for_status()
-        return time.perf_counter() - start, in_process
+        for _ in range(page_rounds):
+            http.get("/werk/v1/states", params={"limit": page}).raise_for_status()
+        paged = (time.perf_counter() - start) / page_rounds
+        full = float("nan")
+        if rounds:
+            answer = http.get("/werk/v1/states")
+            answer.raise_for_status()
+            assert len(answer.json()["states"]) == expected, "the server lists another number"
+            start = time.perf_counter()
+            for _ in range(rounds):
+                http.get("/werk/v1/states").raise_for_status()
+            full = (time.perf_counter() - start) / rounds
+        return full, in_process, paged
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", type=int, default=100)
     parser.add_argument("--large", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=100, help="full listings per size")
+    parser.add_argument("--page", type=int, default=100, help="states per page")
+    parser.add_argument("--page-rounds", type=int, default=100, help="first pages per size")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="werk-bench-") as tmp:
         work = Path(tmp)
-        results = {}
+        full: dict[int, float] = {}
+        paged: dict[int, float] = {}
         for count in (args.small, args.large):
             home = work / f"home-{count}"
             home.mkdir()
             filled = fill(home, count)
-            http_s, in_process = listed(home, args.rounds, count, work / f"serve-{count}.log")
-            results[count] = http_s
+            full[count], in_process, paged[count] = listed(
+                home, args.rounds, args.page_rounds, args.page, count,
+                work / f"serve-{count}.log",
+            )  # fmt: skip
             print(
-                f"{count:>6} states: committed in {filled:.1f} s; {args.rounds} listings "
-                f"{http_s:.2f} s ({http_s / args.rounds * 1000:.1f} ms each); "
+                f"{count:>6} states: committed in {filled:.1f} s; full listing "
+                f"{full[count] * 1000:.1f} ms each ({args.rounds}); first page of {args.page} "
+                f"{paged[count] * 1000:.1f} ms each ({args.page_rounds}); "
                 f"StateCatalog.list {in_process * 1000:.1f} ms"
             )
-        ratio = results[args.large] / results[args.small]
+        if args.rounds:
+            ratio = full[args.large] / full[args.small]
+            print(
+                f"full listing, {args.large} / {args.small} states: {ratio:.1f}x "
+                f"(goal <= {args.large / args.small:.0f}x: linear or better)"
+            )
         print(
-            f"ratio {args.large} / {args.small} states: {ratio:.1f}x "
-            f"(goal <= {args.large / args.small:.0f}x: linear or better)"
+            f"first page of {args.page}, {args.large} / {args.small} states: "
+            f"{paged[args.large] / paged[args.small]:.2f}x (goal: the time of a page with "
+            f"{args.small})"
         )
 
 

@@ -158,6 +158,19 @@ def check_list_and_purge(home: Path, site: Path, loose: str, pinned: str, w3: Pa
     assert entries["chat:b"]["location"] == "chat-sessions/b"
     assert entries[f"state:p_local/{loose}"]["location"] == f"runtime-state/v1/p_local/{loose}"
 
+    # Pages of 4, by id: together exactly the full listing, each entry once.
+    paged: list[str] = []
+    page = cache(home, site, "list", "--limit", "4")
+    while True:
+        assert len(page["entries"]) <= 4
+        paged += [e["id"] for e in page["entries"]]
+        if page["next_cursor"] is None:
+            break
+        page = cache(home, site, "list", "--limit", "4", "--cursor", page["next_cursor"])
+    assert paged == sorted(entries)
+    bad = werk(home, site, "cache", "list", "--cursor", "nonsense", "--json")
+    assert bad.returncode != 0 and "cursor" in bad.stdout + bad.stderr
+
     worker_kv = cache(home, site, "list", "--kind", "worker", "--model", "kv")["entries"]
     assert ids(worker_kv) == {f"worker:{PLUGIN}/w1", f"worker:{PLUGIN}/w3"}
     assert ids(cache(home, site, "list", "--older-than", "1d")["entries"]) == {

@@ -135,25 +135,42 @@ def list_caches(
     kind: Annotated[str | None, _kind_option()] = None,
     model: ModelOpt = None,
     older_than: OlderOpt = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, max=1000, help="At most this many entries (by id)."),
+    ] = None,
+    cursor: Annotated[
+        str | None,
+        typer.Option("--cursor", help="Continue after the previous page (its `next_cursor`)."),
+    ] = None,
 ) -> None:
     """List chat sessions, plugin worker caches, managed disk states and finished media jobs
     (with their outputs), with their ids.
 
     STATUS shows `active` (a live process holds it: every purge skips it), `pinned` (every
     purge skips it) and `conversation` (a message archive: `purge --all` keeps it unless
-    --include-conversations).
+    --include-conversations). With --limit the entries come by id, a page at a time: the next
+    page is `--cursor` with the `next_cursor` the previous one printed.
     """
+    from ..protocol.paging import decode_cursor, page_after
+
     filters = _filters(kind, model, older_than)
+    next_cursor: str | None = None
     with reporting_errors(as_json):
         items = _inventory(filters)
+        if limit is not None or cursor is not None:
+            ordered = sorted(items, key=lambda i: i.id)
+            items, next_cursor = page_after(ordered, lambda i: i.id, limit, decode_cursor(cursor))
     if as_json:
-        emit_json({"entries": [i.to_json() for i in items]})
+        emit_json({"entries": [i.to_json() for i in items], "next_cursor": next_cursor})
         return
     if not items:
         typer.echo("No cache entries.")
         return
     total = sum(i.bytes or 0 for i in items)
     _table(f"Cache entries ({len(items)}, {_size(total)})", items)
+    if next_cursor is not None:
+        typer.echo(f"More entries: werk cache list --limit {limit} --cursor {next_cursor}")
 
 
 @cache_app.command("purge")

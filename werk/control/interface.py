@@ -54,6 +54,10 @@ class StateQuery(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     tier: Tier | None = None
     pinned: bool | None = None
+    limit: int | None = None
+    """At most this many states (1..1000); ``None``: all of them."""
+    after: str | None = None
+    """Only states whose id sorts after this one (the decoded ``cursor``)."""
 
 
 class WerkControl(abc.ABC):

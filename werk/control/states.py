@@ -29,6 +29,7 @@ from ..protocol import (
     TierResult,
     Unsupported,
 )
+from ..protocol.paging import MAX_PAGE, encode_cursor, page_after
 from ..state.catalog import StoredState
 from ..state.envelope import Envelope
 from .context import ServiceContext
@@ -135,19 +136,39 @@ class StateViews:
         return (await self._summaries([entry], principal))[0]
 
     async def listing(self, principal: str, query: StateQuery) -> StateList:
+        """The states by id (creation order); a page of them when ``query.limit`` is set (the
+        store reads the metadata of that page only)."""
         self.s.forget_dead_generations()
         entries: list[StoredState | VolatileState] = []
         if query.tier in (None, Tier.BACKEND):
-            entries += self.s.volatile.entries(principal, model=query.model, pinned=query.pinned)
+            volatile = self.s.volatile.entries(principal, model=query.model, pinned=query.pinned)
+            entries += [v for v in volatile if query.after is None or v.id > query.after]
+        more_stored = False
         if query.tier is not Tier.BACKEND:
-            stored = await anyio.to_thread.run_sync(
-                lambda: self.s.catalog.list(
-                    principal, model=query.model, tier=query.tier, pinned=query.pinned
+            if query.limit is None and query.after is None:
+                stored = await anyio.to_thread.run_sync(
+                    lambda: self.s.catalog.list(
+                        principal, model=query.model, tier=query.tier, pinned=query.pinned
+                    )
                 )
-            )
+            else:
+                limit = query.limit if query.limit is not None else MAX_PAGE
+                stored, more_stored = await anyio.to_thread.run_sync(
+                    lambda: self.s.catalog.page(
+                        principal,
+                        after=query.after,
+                        limit=limit,
+                        model=query.model,
+                        tier=query.tier,
+                        pinned=query.pinned,
+                    )
+                )
             entries += stored
-        entries.sort(key=lambda e: (e.created_at, e.id))
-        return StateList(states=await self._summaries(entries, principal))
+        entries.sort(key=lambda e: e.id)
+        page, cursor = page_after(entries, lambda e: e.id, query.limit, None)
+        if cursor is None and more_stored and page:
+            cursor = encode_cursor(page[-1].id)  # the store holds more after this page
+        return StateList(states=await self._summaries(page, principal), next_cursor=cursor)
 
     async def _get(self, principal: str, state_id: str) -> StoredState | VolatileState:
         self.s.forget_dead_generations()

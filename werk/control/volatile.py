@@ -6,7 +6,6 @@ is replaced, its volatile states are dropped. TTL is stronger than pin, as in th
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from ..backends import BackendState
 from ..protocol import NotFound, ResourceExhausted, StateStatus, StateSummary, Tier, rfc3339
 from ..state.envelope import Envelope
+from ..state.metadata import new_state_id
 
 __all__ = ["MAX_VOLATILE_PER_PRINCIPAL", "VolatileState", "VolatileStates"]
 
@@ -91,7 +91,7 @@ class VolatileStates:
             if sum(1 for s in self._states.values() if s.principal == principal) >= self._max:
                 raise ResourceExhausted(f"at most {self._max} volatile states per caller")
             entry = VolatileState(
-                id="st_" + secrets.token_urlsafe(18),
+                id=new_state_id(),
                 principal=principal,
                 envelope=envelope,
                 model=model,

@@ -40,6 +40,7 @@ from ..protocol.media import (
     SpeechRequest,
     TranscriptionRequest,
 )
+from ..protocol.paging import decode_cursor, page_after, parse_limit
 from .auth import Authenticator
 from .errors import error_response, to_werk_error
 from .guard import admit
@@ -167,6 +168,23 @@ _JOB_REQUESTS: dict[str, type[ImageGenerationRequest] | type[SpeechRequest]] = {
 }
 
 
+def _job_page(request: Request, records: list[JobRecord]) -> Response:
+    """``GET /v1/jobs``: the caller's jobs, oldest first; ``limit`` (1..1000) and ``cursor``
+    cut a page (``has_more``, ``next_cursor``)."""
+    unknown = sorted(set(request.query_params) - {"limit", "cursor"})
+    if unknown:
+        raise InvalidRequest(f"unknown query parameter(s): {', '.join(unknown)}")
+    limit = parse_limit(request.query_params.get("limit"))
+    after = decode_cursor(request.query_params.get("cursor"))
+    page, cursor = page_after(records, _job_key, limit, after)
+    body = {"object": "list", "data": page, "has_more": cursor is not None, "next_cursor": cursor}
+    return Response(encode(body), 200, media_type="application/json")
+
+
+def _job_key(record: JobRecord) -> str:
+    return f"{record.created_at} {record.id}"  # RFC 3339 with milliseconds: sorts as it reads
+
+
 def _job_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
     """``/v1/jobs`` (submit, list), ``/v1/jobs/{id}`` (read, cancel), ``/v1/outputs/{id}``."""
 
@@ -174,9 +192,7 @@ def _job_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
         try:
             principal = admit(request, auth)
             if request.method == "GET":
-                records = await control.jobs(principal)
-                return Response(encode({"object": "list", "data": records}), 200,
-                                media_type="application/json")  # fmt: skip
+                return _job_page(request, await control.jobs(principal))
             job = await read_struct(request, JobRequest, MEDIA_REQUEST_BODY)
             parsed = decode_body(msgspec.json.encode(job.request), _JOB_REQUESTS[job.kind])
             parsed.validate()

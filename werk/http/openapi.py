@@ -34,12 +34,17 @@ _PARAM = re.compile(r"{([a-z_]+)}")
 
 _MODEL_ID = msgspec.json.schema(ModelId)
 
+_CURSOR = r"^c1\.([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2,3})?$"
+"""A cursor from a previous page (opaque; :mod:`werk.protocol.paging`)."""
+
 _QUERY: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "/werk/v1/capabilities": [("model", _MODEL_ID)],
     "/werk/v1/states": [
         ("model", _MODEL_ID),
         ("tier", {"enum": ["backend", "ram", "vram", "disk"]}),
         ("pinned", {"enum": ["true", "false"]}),
+        ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+        ("cursor", {"type": "string", "maxLength": 512, "pattern": _CURSOR}),
     ],
     "/werk/v1/experts": [("model", _MODEL_ID)],
 }

@@ -45,6 +45,7 @@ from ..protocol import (
     TierResult,
     encode,
 )
+from ..protocol.paging import decode_cursor, parse_limit
 from ..protocol.prefill import ModelId
 from .auth import Authenticator
 from .errors import error_response
@@ -165,11 +166,13 @@ async def _unload(c: Call) -> ResidencyResult:
 
 
 async def _states(c: Call) -> StateList:
-    q = c.query("model", "tier", "pinned")
+    q = c.query("model", "tier", "pinned", "limit", "cursor")
     query = StateQuery(
         model=_model_param(q.get("model")),
         tier=_tier_param(q.get("tier")),
         pinned=_bool_param(q.get("pinned"), "pinned"),
+        limit=parse_limit(q.get("limit")),
+        after=decode_cursor(q.get("cursor")),
     )
     return await c.control.list_states(c.principal, query)
 

@@ -68,7 +68,11 @@ class StateSummary(Response, frozen=True, kw_only=True):
 
 
 class StateList(Response, frozen=True, kw_only=True):
+    """``GET /werk/v1/states``: the states by id (creation order). ``next_cursor`` is set when
+    the listing was asked for a ``limit`` and more states may follow (pass it as ``cursor``)."""
+
     states: list[StateSummary]
+    next_cursor: str | None = None
 
 
 class PruneFilter(Request, frozen=True, kw_only=True):

@@ -71,6 +71,7 @@ from .layout import (
     open_store_root,
     open_verified_payload,
     scan_principal,
+    scan_principal_page,
 )
 from .metadata import (
     SCHEMA_VERSION,
@@ -78,11 +79,13 @@ from .metadata import (
     StateMetadata,
     StoredState,
     encode_metadata,
+    new_state_id,
     principal_dir_name,
     principal_from_dir_name,
 )
 from .prune import BusyCheck, never_busy, select
 from .reconcile import Reconciler, ReconcileReport, delete_state
+from .state_names import StateNames
 
 __all__ = ["ReconcileReport", "StateCatalog", "StorageError", "StoredState"]
 
@@ -123,6 +126,7 @@ class StateCatalog:
         self._suspects: set[tuple[str, str]] = set()
         self._suspects_lock = threading.Lock()
         self._marks = CleanMarks(monotonic)
+        self._names = StateNames()
 
     # -- reads (no lock, no side effects) ---------------------------------------------------
 
@@ -134,7 +138,7 @@ class StateCatalog:
         tier: Tier | None = None,
         pinned: bool | None = None,
     ) -> builtins.list[StoredState]:
-        """The principal's ready, unexpired states, oldest first, optionally filtered."""
+        """The principal's ready, unexpired states by id (creation order), optionally filtered."""
         now = self._clock()
         return [
             s
@@ -144,6 +148,37 @@ class StateCatalog:
             and (tier is None or s.tier == tier)
             and (pinned is None or s.pinned == pinned)
         ]
+
+    def page(
+        self,
+        principal: str,
+        *,
+        after: str | None,
+        limit: int,
+        model: str | None = None,
+        tier: Tier | None = None,
+        pinned: bool | None = None,
+    ) -> tuple[builtins.list[StoredState], bool]:
+        """One page of :meth:`list` (by id, after ``after``, ``limit`` at most) and whether
+        more states may follow; reads the metadata of the page's states only."""
+        now = self._clock()
+
+        def accept(s: StoredState) -> bool:
+            return (
+                not s.expired(now)
+                and (model is None or s.model == model)
+                and (tier is None or s.tier == tier)
+                and (pinned is None or s.pinned == pinned)
+            )
+
+        check_principal(principal)
+        with storage_errors("be read"), self._read_principal(principal) as pfd:
+            if pfd is None:
+                return [], False
+            names = self._names.get(principal, pfd)
+            return scan_principal_page(
+                pfd, principal, after=after, limit=limit, accept=accept, names=names
+            )
 
     def counts(self) -> dict[tuple[Tier, StateStatus], int]:
         """Every principal's states by tier and status (``ready``/``expired``), read-only, for
@@ -296,7 +331,7 @@ class StateCatalog:
             pinned=pinned,
             logical_bytes=logical_bytes,
         )
-        state_id = "st_" + secrets.token_urlsafe(16)
+        state_id = new_state_id()
         pname = principal_dir_name(principal)
         staging = STAGING_PREFIX + secrets.token_hex(8)
         pfd, sfd = self._open_staging(pname, staging)

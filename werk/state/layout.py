@@ -25,12 +25,14 @@ readers omit it (fail closed); the next mutation's reconciliation quarantines or
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import io
+import itertools
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -69,6 +71,8 @@ __all__ = [
     "open_store_root",
     "open_verified_payload",
     "scan_principal",
+    "scan_principal_page",
+    "state_names",
 ]
 
 STORE_DIRS = ("runtime-state", "v1")
@@ -204,17 +208,43 @@ def _read_last_accessed(sfd: int) -> float | None:
 
 
 def scan_principal(pdir_fd: int, principal: str) -> list[StoredState]:
-    """Every valid state of a principal, expired ones included, oldest first (read-only)."""
+    """Every valid state of a principal, expired ones included, by id (creation order for ids
+    from :func:`werk.state.metadata.new_state_id`), read-only."""
+    return scan_principal_page(pdir_fd, principal, after=None, limit=None)[0]
+
+
+def state_names(pdir_fd: int) -> list[str]:
+    """The sorted names of a principal directory's entries that can be states (staging, trash
+    and junk never match the id pattern)."""
+    return sorted(name for name in os.listdir(pdir_fd) if STATE_ID_PATTERN.fullmatch(name))
+
+
+def scan_principal_page(
+    pdir_fd: int,
+    principal: str,
+    *,
+    after: str | None,
+    limit: int | None,
+    accept: Callable[[StoredState], bool] = lambda state: True,
+    names: Sequence[str] | None = None,
+) -> tuple[list[StoredState], bool]:
+    """The valid states ``accept`` takes, by id, after ``after``, ``limit`` at most; and
+    whether more ids follow. Metadata is read for the states of the page (and those ``accept``
+    refused on the way), not for every state; ``names`` (:func:`state_names`, when the caller
+    kept them) saves listing the directory."""
+    ordered = state_names(pdir_fd) if names is None else names
+    start = 0 if after is None else bisect.bisect_right(ordered, after)
     found: list[StoredState] = []
-    for name in os.listdir(pdir_fd):
-        if not STATE_ID_PATTERN.fullmatch(name):
-            continue  # staging, trash or junk: never a state
+    for name in itertools.islice(ordered, start, None):
+        if limit is not None and len(found) == limit:
+            return found, True
         try:
-            found.append(inspect_state(pdir_fd, name, principal))
+            state = inspect_state(pdir_fd, name, principal)
         except (Rejected, FileNotFoundError, PermissionError):
             continue
-    found.sort(key=lambda s: (s.created_at, s.id))
-    return found
+        if accept(state):
+            found.append(state)
+    return found, False
 
 
 def copy_verified_payload(pdir_fd: int, state_id: str, principal: str, sink_fd: int) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
+import threading
+import time
 from typing import Annotated, Literal
 
 import msgspec
@@ -28,6 +31,7 @@ __all__ = [
     "StoredState",
     "decode_metadata",
     "encode_metadata",
+    "new_state_id",
     "principal_dir_name",
     "principal_from_dir_name",
 ]
@@ -39,6 +43,24 @@ PRINCIPAL_PATTERN = re.compile(r"^(?:local|p_[0-9a-f]{64})$")
 
 STATE_ID_PATTERN = re.compile(r"^st_[A-Za-z0-9_-]{8,64}$")
 """Same as :data:`werk.protocol.states.StateId`."""
+
+_ID_LOCK = threading.Lock()
+_LAST_ID_MS = 0
+
+
+def new_state_id() -> str:
+    """A fresh state id: ``st_`` + 11 hex digits of milliseconds + 16 random characters.
+
+    Ids sort in the order they were made (strictly within one process: two in the same
+    millisecond take the next one), so a listing ordered by id is in creation order and can be
+    paged by id without reading every state's metadata.
+    """
+    global _LAST_ID_MS
+    with _ID_LOCK:
+        _LAST_ID_MS = max(time.time_ns() // 1_000_000, _LAST_ID_MS + 1)
+        stamp = _LAST_ID_MS
+    return f"st_{stamp:011x}{secrets.token_urlsafe(12)}"
+
 
 FINGERPRINT_PATTERN = re.compile(r"^pf_[0-9a-f]{64}$")
 """A keyed, principal-scoped prompt fingerprint (``pf_`` + HMAC-SHA-256 hex)."""

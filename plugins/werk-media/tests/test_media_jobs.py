@@ -91,6 +91,21 @@ def test_delete_cancels_a_queued_job(media_home: Path) -> None:
         image = _wait(server, slow.json()["id"], "completed", "failed")
         assert image["status"] == "completed" and image["output"]["content_type"] == "image/png"
         assert _get(server, f"/v1/jobs/{queued.json()['id']}").json()["status"] == "cancelled"
+        # The listing in pages of one, oldest first: together exactly the full listing.
+        full = _get(server, "/v1/jobs").json()
+        assert full["has_more"] is False and full["next_cursor"] is None
+        paged, cursor = [], None
+        while True:
+            query = "?limit=1" + (f"&cursor={cursor}" if cursor else "")
+            page = _get(server, f"/v1/jobs{query}").json()
+            paged += [job["id"] for job in page["data"]]
+            cursor = page["next_cursor"]
+            assert page["has_more"] is (cursor is not None)
+            if cursor is None:
+                break
+        assert paged == [job["id"] for job in full["data"]] and len(paged) == 2
+        assert _get(server, "/v1/jobs?limit=0").status_code == 400
+        assert _get(server, "/v1/jobs?cursor=bogus").status_code == 400
 
 
 def test_a_restart_fails_the_interrupted_job_and_keeps_the_finished_one(
