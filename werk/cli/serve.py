@@ -93,7 +93,9 @@ def serve(
         [],
         "--model",
         metavar="ID",
-        help="Serve this imported model id (repeatable). See `werk models list`.",
+        help="Serve only this imported model id (repeatable), started with the server. "
+        "Without --model every imported model is served, each loaded on its first request "
+        "(also one imported while the server runs). See `werk models list`.",
     ),
     host: str = typer.Option(
         "127.0.0.1", metavar="HOST", help="Bind address. Non-loopback requires an API key."
@@ -241,25 +243,34 @@ def serve(
                 keep_alive_seconds=keep_alive_seconds,
                 model_cache_release=cache_release_enabled(),
                 preload=preload,
+                serve_imported=not model,
             ),
         )
     except WerkError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from None
-    shown = ", ".join(f"{m.id} ({m.backend})" for m in manifests) or "none"
     mode = "API keys" if auth.mode is AuthMode.API_KEY else "unauthenticated local mode"
     typer.echo(f"werk: serving on http://{host}:{port} ({mode}); WERK_HOME={home}", err=True)
-    loading = " (loading now; --no-preload: on first use)" if preload and manifests else ""
-    typer.echo(f"werk: models: {shown}{loading}", err=True)
+    if model:
+        shown = ", ".join(f"{m.id} ({m.backend})" for m in manifests)
+        loading = " (loading now; --no-preload: on first use)" if preload else ""
+        typer.echo(f"werk: models: {shown}{loading}", err=True)
+    else:
+        served = service.served()
+        shown = ", ".join(f"{s.id} ({s.backend})" for s in served) or "none imported yet"
+        typer.echo(
+            f"werk: models: every imported model, each loaded on its first request: {shown}",
+            err=True,
+        )
     if service.config.model_cache_release:
         typer.echo(
             "werk: model file caches are released after unload (WERK_MODEL_CACHE_RELEASE)",
             err=True,
         )
-    if not manifests:
+    if not model and not service.served():
         typer.echo(
-            "werk: no models configured; import one with `werk models import PATH --id ID` "
-            "and pass --model ID",
+            "werk: import one with `werk models import PATH --id ID` (or `werk models "
+            "create-demo`); it is served at once, no restart needed",
             err=True,
         )
 

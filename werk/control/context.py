@@ -46,6 +46,9 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True):
     preload: bool = False
     """Start every configured model's runtime when the server starts (``werk serve``'s
     default; ``--no-preload`` turns it off) instead of on its first request."""
+    serve_imported: bool = False
+    """Serve every model imported into ``home`` (read when used) instead of ``models``:
+    ``werk serve`` without ``--model``."""
 
 
 class ServiceContext(Protocol):

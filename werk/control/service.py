@@ -33,7 +33,7 @@ from ..backends import (
 from ..capabilities import capability_contexts, host_capabilities
 from ..memory.manager import MemoryManager
 from ..memory.telemetry import process_tree_rss
-from ..models import ModelManifest
+from ..models import ModelManifest, ModelRegistry
 from ..plugins import WerkPluginManager
 from ..protocol import (
     CapabilitiesResponse,
@@ -50,7 +50,6 @@ from ..protocol import (
     ModelInfo,
     ModelList,
     ModelRef,
-    NotFound,
     PinRequest,
     PinResult,
     PrefillRequest,
@@ -86,6 +85,7 @@ from .jobs import JobQueue
 from .openai import OpenAIRequests
 from .prefill import PrefillFlow
 from .runtimes import RuntimeManager
+from .served import ServedModels
 from .states import StateViews
 from .volatile import VolatileStates
 
@@ -118,10 +118,16 @@ class LocalControlService(WerkControl):
         self.config = config
         self.clock = clock
         self._started_at = rfc3339(clock())
-        self._specs = {s.id: self._with_defaults(s) for s in map(_spec_of, config.models)}
-        unknown = sorted({s.backend for s in self._specs.values()} - set(pm.backends))
+        fixed = [_spec_of(m) for m in config.models]
+        unknown = sorted({s.backend for s in fixed} - set(pm.backends))
         if unknown:
             raise Unsupported(f"no loaded plugin provides backend(s): {', '.join(unknown)}")
+        self._models = ServedModels(
+            fixed,
+            registry=ModelRegistry(config.home) if config.serve_imported else None,
+            prepare=self._with_defaults,
+            backends=pm.backends,
+        )
         self.catalog = StateCatalog(config.home, clock=clock)
         self.volatile = VolatileStates(clock=clock)
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
@@ -158,13 +164,10 @@ class LocalControlService(WerkControl):
     # -- shared helpers ----------------------------------------------------------------------
 
     def spec(self, model: str) -> ModelSpec:
-        try:
-            return self._specs[model]
-        except KeyError:
-            raise NotFound(f"model {model!r} is not served here") from None
+        return self._models.get(model)
 
     def served(self) -> list[ModelSpec]:
-        return list(self._specs.values())
+        return self._models.all()
 
     async def rows_for(self, spec: ModelSpec, runtime: Runtime | None) -> list[CapabilityReport]:
         """The capability rows of one model now (after any probe the runtime has run).
@@ -207,17 +210,15 @@ class LocalControlService(WerkControl):
             werk_version=__version__,
             server=ServerInfo(started_at=self._started_at, auth=self.config.auth_mode),
             plugins=self.pm.plugin_rows(),
-            models=[ModelRef(id=s.id, backend=s.backend) for s in self._specs.values()],
+            models=[ModelRef(id=s.id, backend=s.backend) for s in self.served()],
             persistence_defaults=self.config.persistence_defaults,
         )
 
     async def capabilities(self, *, model: str | None = None) -> CapabilitiesResponse:
         self.forget_dead_generations()
-        contexts = capability_contexts(
-            self.pm, list(self._specs.values()), self.runtimes.live(), model=model
-        )
+        contexts = capability_contexts(self.pm, self.served(), self.runtimes.live(), model=model)
         rows = await anyio.to_thread.run_sync(host_capabilities)
-        uncovered = await self.runtimes.unbounded(list(self._specs.values()))
+        uncovered = await self.runtimes.unbounded(self.served())
         rows.append(self.memory_manager.reservations_capability(uncovered))
         answers: list[list[CapabilityReport]] = [[] for _ in contexts]
 
@@ -314,7 +315,7 @@ class LocalControlService(WerkControl):
         if self.runtimes.keep_alive == 0:
             log.info("no model preloaded: --keep-alive 0 would unload it at once")
             return
-        for spec in self._specs.values():
+        for spec in self.served():
             if not self.runtimes.can_start(spec.backend):
                 continue
             try:
@@ -358,7 +359,7 @@ class LocalControlService(WerkControl):
                     identity=s.identity,
                     resident=(s.id in live) if self.runtimes.can_start(s.backend) else None,
                 )
-                for s in self._specs.values()
+                for s in self.served()
             ]
         )
 
