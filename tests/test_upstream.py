@@ -142,33 +142,70 @@ async def test_a_json_reply_is_returned_as_its_object(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    ("status", "error", "words"),
+    ("status", "error", "words", "reason"),
     [
-        (400, werk.InvalidRequest, "X rejected the request as invalid"),
-        (404, werk.NotFound, "X does not know"),
-        (422, werk.InvalidRequest, "X rejected the request as invalid"),
-        (429, werk.ResourceExhausted, "X is at capacity"),
-        (501, werk.Unsupported, "X does not support"),
-        (503, werk.Unavailable, "X is not ready"),
-        (500, werk.BackendError, "X failed with HTTP 500"),
+        (400, werk.InvalidRequest, "X rejected the request: ", True),
+        (404, werk.NotFound, "X does not know", False),
+        (422, werk.InvalidRequest, "X rejected the request: ", True),
+        (429, werk.ResourceExhausted, "X is at capacity", False),
+        (501, werk.Unsupported, "X does not support", False),
+        (503, werk.Unavailable, "X is not ready", False),
+        (500, werk.BackendError, "X failed with HTTP 500", False),
     ],
 )
-async def test_error_statuses_become_werk_errors_without_the_backends_text(
+async def test_error_statuses_become_werk_errors_with_a_validation_reason_only(
     upstream: tuple[Server, LoopbackClient],
     status: int,
     error: type[werk.WerkError],
     words: str,
+    reason: bool,
 ) -> None:
+    """A backend's reason for refusing a request (400/422) reaches the client; what it says
+    about its own failures (5xx and the rest) does not."""
     server, client = upstream
     for stream in (False, True):
-        server.script = [json_answer(status, {"error": {"message": "secret backend detail"}})]
+        detail = {"message": "'messages' is required", "param": "messages"}
+        server.script = [json_answer(status, {"error": detail})]
         closes = Closes()
         with pytest.raises(error) as caught:
             await openai_upstream(
                 client, "/v1/completions", BODY, stream=stream, what="X", on_close=closes
             )
-        assert words in caught.value.message and "secret" not in caught.value.message
+        assert words in caught.value.message
+        assert ("'messages' is required" in caught.value.message) is reason
+        assert caught.value.param == ("messages" if reason else None)
         assert closes.count == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("bad\x00value\nhere", "bad value here"),
+        ("cannot open /home/me/.local/share/werk/models/x.gguf", "cannot open <path>"),
+        ("key sk-0123456789abcdef0123456789abcdef0 refused", "key <redacted> refused"),
+        ("y" * 2000, "y" * 499 + "…"),
+    ],
+)
+def test_a_backend_reason_is_bounded_and_keeps_paths_and_keys_out(message: str, shown: str) -> None:
+    from werk.upstream import backend_reason
+
+    assert backend_reason({"message": message}) == shown
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens",
+        "context length exceeded: 5000 > 4096",
+    ],
+)
+def test_a_context_overflow_is_context_length_exceeded_with_its_numbers(message: str) -> None:
+    from werk.upstream import map_upstream_status
+
+    error = map_upstream_status(400, "vLLM", {"message": message})
+    assert isinstance(error, werk.InvalidRequest)
+    assert error.openai_code == "context_length_exceeded" and error.param == "messages"
+    assert message in error.message
 
 
 @pytest.mark.anyio
@@ -320,10 +357,10 @@ async def test_a_stream_never_iterated_is_closed_by_aclose(
             werk.Unavailable,
             "X is not ready",
         ),
-        (
-            b'event: error\ndata: {"code":400,"message":"secret"}\n\n',
+        (  # a refusal (400) names its reason, as before the stream began
+            b'event: error\ndata: {"code":400,"message":"bad stop"}\n\n',
             werk.InvalidRequest,
-            "X rejected",
+            "X rejected the request: bad stop",
         ),
     ],
 )
@@ -340,7 +377,7 @@ async def test_an_error_event_mid_stream_is_a_werk_error_after_the_payloads_befo
     assert await reply.stream.__anext__() == b'{"a":1}'
     with pytest.raises(error, match=words) as caught:
         await reply.stream.__anext__()
-    assert "secret" not in caught.value.message
+    assert "secret" not in caught.value.message  # a failure's own words stay in the log
     await reply.stream.aclose()
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -97,9 +98,48 @@ class UpstreamErrors(msgspec.Struct, frozen=True, kw_only=True):
 _NO_HOOKS = UpstreamErrors()
 
 
-def map_upstream_status(status: int, what: str) -> WerkError:
-    """Werk's own error for a backend's error status (``what`` names the backend)."""
+MAX_REASON_CHARS = 500
+"""The most of a backend's own error message a client gets."""
+
+_PATH = re.compile(r"(?<![\w.])/(?:[\w.@+-]+/)+[\w.@+-]*")
+_SECRET = re.compile(
+    r"(?i)\b(?:bearer\s+)?(?=[A-Za-z0-9_-]*[0-9])(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{32,}\b"
+)  # a long run of letters and digits, both: an API key, a token, a hash
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+_CONTEXT_OVERFLOW = re.compile(r"(?i)maximum context length|context length exceeded")
+
+
+def backend_reason(error: dict[str, Any]) -> str | None:
+    """The backend's own message, fit for a client: control characters become spaces, file
+    paths and anything key-like are replaced, at most :data:`MAX_REASON_CHARS` characters."""
+    message = error.get("message")
+    if not isinstance(message, str) or not message.strip():
+        return None
+    text = _CONTROL.sub(" ", message).strip()
+    text = _PATH.sub("<path>", text)
+    text = _SECRET.sub("<redacted>", text)
+    if len(text) > MAX_REASON_CHARS:
+        text = text[: MAX_REASON_CHARS - 1] + "…"
+    return text
+
+
+def map_upstream_status(status: int, what: str, error: dict[str, Any] | None = None) -> WerkError:
+    """Werk's error for a backend's error status (``what`` names the backend), with the
+    backend's own reason (:func:`backend_reason`) and, on ``/v1``, OpenAI's ``code`` for a
+    context overflow (``context_length_exceeded``) and the backend's ``param``."""
+    error = error or {}
+    reason = backend_reason(error)
+    raw_param = error.get("param")
+    param = raw_param if isinstance(raw_param, str) and len(raw_param) <= 64 else None
+    if status in (400, 413, 422) and reason is not None and _CONTEXT_OVERFLOW.search(reason):
+        return InvalidRequest(
+            f"{what}: {reason}",
+            param=param or "messages",
+            openai_code="context_length_exceeded",
+        )
     if status in (400, 422):
+        if reason is not None:
+            return InvalidRequest(f"{what} rejected the request: {reason}", param=param)
         return InvalidRequest(f"{what} rejected the request as invalid; check its fields")
     if status == 404:
         return NotFound(f"{what} does not know the requested model or route")
@@ -119,8 +159,12 @@ def _error_object(raw: bytes) -> dict[str, Any]:
         decoded = msgspec.json.decode(raw[:MAX_ERROR_BYTES])
     except msgspec.DecodeError:
         return {}
-    error = decoded.get("error") if isinstance(decoded, dict) else None
-    return error if isinstance(error, dict) else {}
+    if not isinstance(decoded, dict):
+        return {}
+    error = decoded.get("error")
+    if isinstance(error, dict):
+        return error
+    return decoded if isinstance(decoded.get("message"), str) else {}  # {"object": "error", …}
 
 
 class _Exchange:
@@ -150,7 +194,7 @@ class _Exchange:
     def status_error(self, status: int, error: dict[str, Any]) -> WerkError:
         hook = self.errors.status
         mapped = hook(status, error) if hook is not None else None
-        return mapped if mapped is not None else map_upstream_status(status, self.what)
+        return mapped if mapped is not None else map_upstream_status(status, self.what, error)
 
     def transport_error(self, exc: LoopbackError, *, streaming: bool = False) -> WerkError:
         hook = self.errors.transport

@@ -164,11 +164,13 @@ def test_raw_v1_errors_use_the_openai_shape(server: WerkServer) -> None:
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         response = http.get("/v1/models")
     assert response.status_code == 401
-    assert response.json() == {
+    body = response.json()
+    assert body == {
         "error": {
             "message": "missing or invalid API key",
             "type": "authentication_error",
             "code": "unauthenticated",
             "param": None,
+            "request_id": response.headers["x-werk-request-id"],
         }
     }

@@ -74,8 +74,9 @@ def error_response(request: Request, exc: BaseException) -> Response:
             "error": {
                 "message": err.message,
                 "type": _OPENAI_TYPE.get(status, "server_error"),
-                "code": err.code.value,
-                "param": None,
+                "code": err.openai_code or err.code.value,
+                "param": err.param,
+                "request_id": request_id,
             }
         }
         return Response(encode(body), status, headers, media_type="application/json")

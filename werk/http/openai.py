@@ -118,8 +118,8 @@ def _sse(stream: AsyncIterator[bytes], request_id: str) -> AsyncIterator[bytes]:
                 "error": {
                     "message": err.message,
                     "type": "server_error",
-                    "code": err.code.value,
-                    "param": None,
+                    "code": err.openai_code or err.code.value,
+                    "param": err.param,
                 }
             }
             yield b"data: " + encode(body) + b"\n\n"
@@ -137,6 +137,8 @@ def _completion_route(
         try:
             principal = admit(request, auth)
             body = await read_object(request, OPENAI_BODY)
+            if route == "chat.completions":
+                _require_messages(body)
             reply = await control.openai_request(principal, route, body)
             if reply.stream is not None:
                 request_id = request.scope.get("werk_request_id", "req_unknown")
@@ -146,6 +148,16 @@ def _completion_route(
             return error_response(request, exc)
 
     return run
+
+
+def _require_messages(body: dict[str, Any]) -> None:
+    """A chat needs at least one message (an empty list made backends generate from nothing,
+    thousands of tokens of it)."""
+    messages = body.get("messages")
+    if messages is None:
+        raise InvalidRequest("'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty list of messages", param="messages")
 
 
 MediaRequest = ImageGenerationRequest | SpeechRequest | ClassificationRequest

@@ -111,6 +111,9 @@ class WerkError(Exception):
     :param retryable: override the code's default retryability.
     :param retry_after: seconds a client should wait before retrying (sent as ``Retry-After``
         with a retryable error).
+    :param param: the request member the error is about (OpenAI's ``param`` on ``/v1``).
+    :param openai_code: the ``code`` an OpenAI client looks for on ``/v1`` (e.g.
+        ``context_length_exceeded``), where it is more precise than the Werk code.
     """
 
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
@@ -125,12 +128,16 @@ class WerkError(Exception):
         capability: str | None = None,
         retryable: bool | None = None,
         retry_after: int | None = None,
+        param: str | None = None,
+        openai_code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.capability = capability
         self.retryable = self.default_retryable if retryable is None else retryable
         self.retry_after = retry_after
+        self.param = param
+        self.openai_code = openai_code
         self.request_id: str | None = None
         """Set by the bundled client from the server's error body."""
 

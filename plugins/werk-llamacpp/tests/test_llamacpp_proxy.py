@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -318,7 +319,12 @@ async def test_backend_errors_become_werk_errors(
         with pytest.raises(expected) as caught:
             await openai_reply(runtime, chat_call(stream=stream))
         assert message in caught.value.message
-        assert "secret" not in caught.value.message and "/srv" not in caught.value.message
+        assert "/srv" not in caught.value.message  # a path never leaves Werk
+        # Only a refusal names the server's own reason; its failures stay in the log.
+        refusal = status == 400 and error["type"] == "invalid_request_error"
+        assert ("secret" in caught.value.message) is refusal
+        overflow = error["type"] == "exceed_context_size_error"
+        assert (caught.value.openai_code == "context_length_exceeded") is overflow
     assert runtime.handle.picker.in_flight() == 0
 
 
@@ -516,7 +522,12 @@ def test_werk_serve_answers_the_openai_sdk(tmp_path: Path) -> None:
             client.stream(
                 "POST",
                 "/v1/chat/completions",
-                json={"model": "demo", "stream": True, "max_tokens": 3, "messages": []},
+                json={
+                    "model": "demo",
+                    "stream": True,
+                    "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
             ) as response,
         ):
             lines = [line for line in response.iter_lines() if line]
@@ -528,20 +539,33 @@ def test_werk_serve_answers_the_openai_sdk(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_llama_server
-def test_a_backend_error_is_not_forwarded_through_werk(tmp_path: Path) -> None:
+def test_a_backend_refusal_reaches_the_client_with_its_reason(tmp_path: Path) -> None:
     home = tmp_path / "werk-home"
     home.mkdir()
     create_demo(home)
     with werk_serve(home) as served, served.client() as client:
+        hello = [{"role": "user", "content": "hi"}]
         response = client.post(
             "/v1/chat/completions",
-            json={"model": "demo", "messages": "not a list", "max_tokens": 2},
+            json={"model": "demo", "messages": hello, "max_tokens": "two"},
         )
         assert response.status_code == 400
         error = response.json()["error"]
-        assert error["code"] == "invalid_request"
-        assert "Expected" not in error["message"]  # llama-server's own wording stays out
-        assert "rejected the request" in error["message"]
+        assert error["code"] == "invalid_request" and error["request_id"].startswith("req_")
+        assert "llama-server rejected the request: " in error["message"]
+        assert "max_tokens" in error["message"]  # llama-server's own reason names the field
+        for bad in ({}, {"messages": []}, {"messages": "not a list"}):
+            missing = client.post("/v1/chat/completions", json={"model": "demo", **bad})
+            assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
+        overflow = client.post(
+            "/v1/chat/completions",
+            json={"model": "demo", "max_tokens": 2,
+                  "messages": [{"role": "user", "content": "word " * 6000}]},
+        )  # fmt: skip
+        assert overflow.status_code == 400, overflow.text
+        body = overflow.json()["error"]
+        assert body["code"] == "context_length_exceeded" and body["param"] == "messages"
+        assert re.search(r"the prompt \(\d+ tokens\) exceeds .* \(\d+ tokens\)", body["message"])
         assert httpx.codes.is_success(
             client.post(
                 "/v1/chat/completions",

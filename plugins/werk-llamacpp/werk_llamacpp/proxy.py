@@ -83,9 +83,15 @@ def context_overflow(status: int, error: dict[str, Any]) -> WerkError | None:
     if n_prompt is not None and n_ctx is not None:
         return InvalidRequest(
             f"the prompt ({n_prompt} tokens) exceeds the context of one llama.cpp slot "
-            f"({n_ctx} tokens)"
+            f"({n_ctx} tokens)",
+            param="messages",
+            openai_code="context_length_exceeded",
         )
-    return InvalidRequest("the prompt exceeds the context of one llama.cpp slot")
+    return InvalidRequest(
+        "the prompt exceeds the context of one llama.cpp slot",
+        param="messages",
+        openai_code="context_length_exceeded",
+    )
 
 
 def _child_failure(runtime: Runtime) -> Callable[[LoopbackError], WerkError | None]:

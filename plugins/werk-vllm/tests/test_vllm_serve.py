@@ -12,6 +12,7 @@ skips) without the environment: ``make test`` installs it first.
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,6 +93,27 @@ def test_streamed_chat_ends_with_a_finish_reason_and_done(served: WerkServer) ->
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     assert all(c["model"] == MODEL and "error" not in c for c in chunks)
     assert any(c.get("finish_reason") for chunk in chunks for c in chunk["choices"]), lines
+
+
+@pytest.mark.slow
+def test_vllms_reasons_reach_the_client_in_openais_shape(served: WerkServer) -> None:
+    """A context overflow is ``context_length_exceeded`` with vLLM's own numbers; a refused
+    field is named; a backend refusal is never a bare "invalid"."""
+    with served.client(KEY_A, timeout=600) as http:
+        long = {"model": MODEL, "max_tokens": 4,
+                "messages": [{"role": "user", "content": "word " * 4000}]}  # fmt: skip
+        overflow = http.post("/v1/chat/completions", json=long)
+        assert overflow.status_code == 400, overflow.text
+        error = overflow.json()["error"]
+        assert error["code"] == "context_length_exceeded", error
+        assert "maximum context length" in error["message"] and re.search(r"\d+", error["message"])
+        assert error["request_id"].startswith("req_")
+        too_many = {"model": MODEL, "max_tokens": 100000,
+                    "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        refused = http.post("/v1/chat/completions", json=too_many)
+        assert refused.status_code == 400, refused.text
+        assert "vLLM rejected the request: " in refused.json()["error"]["message"]
+        assert "100000" in refused.json()["error"]["message"]
 
 
 @pytest.mark.slow
