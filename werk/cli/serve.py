@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 API_KEYS_ENV = "WERK_API_KEYS"
 HEADER_TIMEOUT_DEFAULT = 10.0  # werk.http.server.HEADER_TIMEOUT_SECONDS (not imported: lazy)
+GRACEFUL_SHUTDOWN_SECONDS = 10.0  # werk.http.exchange.GRACEFUL_SHUTDOWN_SECONDS (the same)
 STARTUP_SWITCH_INTERVAL = 0.0005
 """The interpreter's thread switch interval (``sys.setswitchinterval``; default 5 ms) while the
 HTTP stack is imported in a worker thread: the preload on the event loop (readiness polls,
@@ -137,6 +138,15 @@ def serve(
     ),
     persistence_pin: bool = typer.Option(
         False, "--persistence-pin", help="Pin new states by default (implies --persistence)."
+    ),
+    shutdown_grace: float = typer.Option(
+        GRACEFUL_SHUTDOWN_SECONDS,
+        "--shutdown-grace",
+        min=0,
+        max=3600,
+        metavar="SECONDS",
+        help="On SIGTERM/Ctrl+C, how long running requests may finish before they are "
+        "cancelled (one log line each); then the backends stop and the server exits.",
     ),
     header_timeout: float = typer.Option(
         HEADER_TIMEOUT_DEFAULT,
@@ -284,6 +294,7 @@ def serve(
             host=host,
             port=port,
             header_timeout=header_timeout,
+            shutdown_grace=shutdown_grace,
             log_level=log_level,
         )
 

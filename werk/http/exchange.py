@@ -14,12 +14,16 @@ passes through it once.
   body was not read to its end (413 before reading, 401, 415, …) says ``Connection: close`` and
   the connection is closed after it: the client may still be sending a body nobody will read,
   and a client must not reuse a connection in that state.
+* **Shutdown.** A request still running when a stopping server's grace period ends is
+  cancelled with one log line (no traceback).
 * **Metrics.** Counted and timed by the route template Starlette matched (``unmatched`` when
   none did), until the last body byte was sent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 from starlette.requests import Request
@@ -30,7 +34,13 @@ from .errors import error_response
 from .metrics import HttpMetrics
 from .requests import REQUEST_ID_HEADER, new_request_id, set_request_id
 
-__all__ = ["ExchangeMiddleware"]
+__all__ = ["GRACEFUL_SHUTDOWN_SECONDS", "ExchangeMiddleware"]
+
+log = logging.getLogger("werk.http")
+
+GRACEFUL_SHUTDOWN_SECONDS = 10.0
+"""How long a stopping server lets running requests finish before it cancels them (the
+default of ``werk serve --shutdown-grace``)."""
 
 _CLOSE = (b"connection", b"close")
 
@@ -92,6 +102,16 @@ class ExchangeMiddleware:
                     return message
 
                 await self.app(scope, tracking_receive, exchange_send)
+        except asyncio.CancelledError:
+            # Only a shutdown cancels a request's task (uvicorn, once its graceful bound has
+            # passed; a client that leaves is not a cancellation): one line, no traceback.
+            log.warning(
+                "%s %s cancelled: the server is shutting down and the grace period for "
+                "running requests (--shutdown-grace) has ended",
+                scope.get("method", ""),
+                scope.get("path", ""),
+            )
+            status = 503
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             self.metrics.observe(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 from typing import Any
 
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..protocol import InvalidRequest, encode
+from .exchange import GRACEFUL_SHUTDOWN_SECONDS
 from .requests import REQUEST_ID_HEADER, RequestIdFilter, new_request_id
 
 __all__ = ["MAX_HEAD_BYTES", "HeadWithFirstBody", "HeaderDeadlineProtocol", "make_server"]
@@ -224,6 +226,7 @@ def make_server(
     port: int,
     header_timeout: float = HEADER_TIMEOUT_SECONDS,
     log_level: str = "warning",
+    shutdown_grace: float = GRACEFUL_SHUTDOWN_SECONDS,
 ) -> uvicorn.Server:
     """A uvicorn server for ``app``; ``server.run()`` handles SIGINT/SIGTERM gracefully."""
     protocol = type(
@@ -239,6 +242,6 @@ def make_server(
         access_log=False,
         server_header=False,
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=math.ceil(shutdown_grace),
     )
     return uvicorn.Server(config)
