@@ -82,10 +82,12 @@ OpenAIRoute = Literal[
     "audio.speech",
     "audio.transcriptions",
     "classifications",
+    "embeddings",
 ]
 """A ``/v1`` route a backend can serve: ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/images/generations``, ``/v1/images/edits``, ``/v1/audio/speech``,
-``/v1/audio/transcriptions``, ``/v1/classifications`` (Werk's own: text classification)."""
+``/v1/audio/transcriptions``, ``/v1/classifications`` (Werk's own: text classification),
+``/v1/embeddings``."""
 
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):

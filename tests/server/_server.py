@@ -71,8 +71,10 @@ def import_model(home: Path, site: Path, model_id: str, seed_text: str = "weight
 
 OPENAI_ROUTES = (
     ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_id}"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/embeddings"),
     ("POST", "/v1/images/generations"),
     ("POST", "/v1/images/edits"),
     ("POST", "/v1/audio/speech"),

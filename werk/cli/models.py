@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -126,6 +126,22 @@ def list_models(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -
     )
 
 
+def _options(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as model options (VALUE as JSON where it parses)."""
+    import json
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidRequest(f"--option {pair!r} must be KEY=VALUE")
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return options
+
+
 @models_app.command("import")
 def import_model(
     paths: list[Path] = typer.Argument(
@@ -135,6 +151,14 @@ def import_model(
     ),
     model_id: str = typer.Option(..., "--id", help="The id clients will use (e.g. 'demo')."),
     backend: str | None = typer.Option(None, help="Backend name; inferred from the file type."),
+    option: list[str] = typer.Option(
+        [],
+        "--option",
+        metavar="KEY=VALUE",
+        help="A backend option of this model (repeatable); VALUE is JSON where it parses "
+        '(`ctx_size=8192`, `embeddings=true`, `native_args=["--flash-attn","on"]`), '
+        "else a string. The backend checks them when the model starts.",
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Record a manifest for PATH under --id (files are referenced in place, not copied).
@@ -142,7 +166,9 @@ def import_model(
     Re-importing under the same id replaces the manifest; changed files give a new identity,
     so a running server starts a new backend process for them. A backend that serves a
     separately operated endpoint takes no files: `werk models import --backend vllm-remote
-    --id remote` (the endpoint comes from that backend's environment variables).
+    --id remote` (the endpoint comes from that backend's environment variables). Backend
+    options (llama.cpp: ctx_size, parallel, state_slots, embeddings, native_args, …) are set
+    with --option.
     """
     from ..config import werk_home
     from ..models import ModelRegistry
@@ -157,7 +183,11 @@ def import_model(
         if paths and endpoint:
             raise InvalidRequest(f"backend {chosen!r} serves an endpoint: it takes no files")
         manifest = ModelRegistry(werk_home()).import_files(
-            _expand(paths), model_id=model_id, backend=chosen, endpoint=endpoint
+            _expand(paths),
+            model_id=model_id,
+            backend=chosen,
+            endpoint=endpoint,
+            options=_options(option),
         )
     if as_json:
         emit_json(manifest)

@@ -252,7 +252,7 @@ def serve(
                 persistence_defaults=defaults,
                 keep_alive_seconds=keep_alive_seconds,
                 model_cache_release=cache_release_enabled(),
-                preload=preload,
+                preload=preload and bool(model),
                 serve_imported=not model,
             ),
         )

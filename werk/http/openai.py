@@ -27,6 +27,7 @@ from ..protocol import (
     InvalidRequest,
     JobRecord,
     JobRequest,
+    NotFound,
     Unsupported,
     encode,
 )
@@ -131,7 +132,9 @@ def _sse(stream: AsyncIterator[bytes], request_id: str) -> AsyncIterator[bytes]:
 
 
 def _completion_route(
-    route: Literal["chat.completions", "completions"], control: WerkControl, auth: Authenticator
+    route: Literal["chat.completions", "completions", "embeddings"],
+    control: WerkControl,
+    auth: Authenticator,
 ) -> Callable[[Request], Awaitable[Response]]:
     async def run(request: Request) -> Response:
         try:
@@ -139,6 +142,8 @@ def _completion_route(
             body = await read_object(request, OPENAI_BODY)
             if route == "chat.completions":
                 _require_messages(body)
+            elif route == "embeddings":
+                _require_input(body)
             reply = await control.openai_request(principal, route, body)
             if reply.stream is not None:
                 request_id = request.scope.get("werk_request_id", "req_unknown")
@@ -158,6 +163,18 @@ def _require_messages(body: dict[str, Any]) -> None:
         raise InvalidRequest("'messages' is required", param="messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list of messages", param="messages")
+
+
+def _require_input(body: dict[str, Any]) -> None:
+    """An embeddings request needs ``input`` (a string, or a list of strings or token ids) and
+    is never streamed."""
+    value = body.get("input")
+    if value is None or value == "" or value == []:
+        raise InvalidRequest("'input' is required and must not be empty", param="input")
+    if not isinstance(value, str | list):
+        raise InvalidRequest("'input' must be a string or a list", param="input")
+    if body.get("stream"):
+        raise InvalidRequest("embeddings are not streamed", param="stream")
 
 
 MediaRequest = ImageGenerationRequest | SpeechRequest | ClassificationRequest
@@ -389,7 +406,13 @@ def _models_route(
         try:
             admit(request, auth)
             listing: dict[str, Any] = await control.openai_models()
-            return Response(encode(listing), 200, media_type="application/json")
+            wanted = request.path_params.get("model_id")
+            if wanted is None:
+                return Response(encode(listing), 200, media_type="application/json")
+            for entry in listing["data"]:
+                if entry["id"] == wanted:
+                    return Response(encode(entry), 200, media_type="application/json")
+            raise NotFound(f"model {wanted!r} is not served here", param="model")
         except Exception as exc:
             return error_response(request, exc)
 
@@ -399,12 +422,14 @@ def _models_route(
 def openai_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
     return [
         Route("/v1/models", _models_route(control, auth), methods=["GET"]),
+        Route("/v1/models/{model_id}", _models_route(control, auth), methods=["GET"]),
         Route(
             "/v1/chat/completions",
             _completion_route("chat.completions", control, auth),
             methods=["POST"],
         ),
         Route("/v1/completions", _completion_route("completions", control, auth), methods=["POST"]),
+        Route("/v1/embeddings", _completion_route("embeddings", control, auth), methods=["POST"]),
         Route(
             "/v1/images/generations",
             _media_route(control, auth, "images.generations", ImageGenerationRequest, _json_answer),

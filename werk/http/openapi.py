@@ -366,6 +366,7 @@ def _openai_paths() -> dict[str, dict[str, Any]]:
     }
     messages = {"type": "array", "items": {"type": "object"}, "minItems": 1}
     prompt = {"type": "string"}
+    embed_input = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1}]}
 
     def completion(summary: str, op_id: str, required: str, schema: Any) -> dict[str, Any]:
         return {
@@ -382,25 +383,20 @@ def _openai_paths() -> dict[str, dict[str, Any]]:
             }
         }
 
+    model: dict[str, Any] = {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string", "description": "the backend"},
+        },
+    }
     models = {
         "type": "object",
         "required": ["object", "data"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "object", "created", "owned_by"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "object": {"const": "model"},
-                        "created": {"type": "integer"},
-                        "owned_by": {"type": "string", "description": "the backend"},
-                    },
-                },
-            },
-        },
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": model}},
     }
     return {
         "/v1/models": {
@@ -418,6 +414,24 @@ def _openai_paths() -> dict[str, dict[str, Any]]:
                 },
             }
         },
+        "/v1/models/{model_id}": {
+            "get": {
+                "summary": "One model this server serves (OpenAI shape)",
+                "operationId": "openai_model",
+                "tags": ["openai"],
+                "security": [{"bearer": []}],
+                "parameters": [
+                    {"name": "model_id", "in": "path", "required": True, "schema": _MODEL_ID}
+                ],
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": model}},
+                    },
+                    "default": _OPENAI_ERROR,
+                },
+            }
+        },
         "/v1/chat/completions": completion(
             "Chat completion through the model's backend",
             "openai_chat_completions",
@@ -426,6 +440,12 @@ def _openai_paths() -> dict[str, dict[str, Any]]:
         ),
         "/v1/completions": completion(
             "Text completion through the model's backend", "openai_completions", "prompt", prompt
+        ),
+        "/v1/embeddings": completion(
+            "Embeddings through the model's backend (never streamed)",
+            "openai_embeddings",
+            "input",
+            embed_input,
         ),
     }
 

@@ -21,7 +21,7 @@ Model options (all optional; unknown keys are rejected)::
 
     {"llama_server": PATH, "native_args": [...], "warmup_tokens": 0, "parallel": 4,
      "ctx_size": 4096, "startup_timeout": 300, "state_slots": 1,
-     "state_hold_seconds": 900, "state_wait_seconds": 30}
+     "state_hold_seconds": 900, "state_wait_seconds": 30, "embeddings": false}
 
 ``parallel`` is the number of slots for ``/v1`` traffic; ``state_slots`` more slots are
 reserved for named states and the functional probe. ``ctx_size`` is the context of *each* slot
@@ -29,7 +29,9 @@ reserved for named states and the functional probe. ``ctx_size`` is the context 
 costs one slot's KV cache. A prefilled state is kept for its decode for up to
 ``state_hold_seconds`` (a handoff's lifetime; spilled to a file when its slot is needed first),
 and a state request waits in line for the state slots at most ``state_wait_seconds``
-(:mod:`werk_llamacpp.slot_allocator`).
+(:mod:`werk_llamacpp.slot_allocator`). ``embeddings: true`` starts llama-server with
+``--embeddings --pooling mean`` (unless ``native_args`` choose a pooling), so the model also
+answers ``/v1/embeddings``.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ __all__ = [
     "last_value",
     "model_file",
     "parse_options",
+    "reserved_state_slots",
     "state_blockers",
 ]
 
@@ -103,6 +106,7 @@ _KNOWN_OPTIONS = {
     "state_slots",
     "state_hold_seconds",
     "state_wait_seconds",
+    "embeddings",
 }
 
 
@@ -115,12 +119,20 @@ class LaunchOptions(msgspec.Struct, frozen=True):
     state_slots: int = DEFAULT_STATE_SLOTS
     state_hold_seconds: int = DEFAULT_STATE_HOLD_SECONDS
     state_wait_seconds: int = DEFAULT_STATE_WAIT_SECONDS
+    embeddings: bool = False
 
 
 def _int_option(options: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
     value = options.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise InvalidRequest(f"llama.cpp model option {key!r} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+def _bool_option(options: Mapping[str, Any], key: str) -> bool:
+    value = options.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"llama.cpp model option {key!r} must be true or false")
     return value
 
 
@@ -168,7 +180,19 @@ def parse_options(
         state_wait_seconds=_int_option(
             options, "state_wait_seconds", DEFAULT_STATE_WAIT_SECONDS, 0, 300
         ),
+        embeddings=_bool_option(options, "embeddings"),
     )
+
+
+def reserved_state_slots(options: LaunchOptions) -> int:
+    """The slots kept for named states: none for an embeddings model (it keeps no named
+    states; llama-server build 11434 also aborts on start in embeddings mode with some odd slot
+    counts, 3 and 5 among them, on the demo model)."""
+    return 0 if options.embeddings else options.state_slots
+
+
+def _sets_pooling(native: Sequence[str]) -> bool:
+    return any(canonical_flag(t).split("=", 1)[0] == "--pooling" for t in native)
 
 
 def canonical_flag(token: str) -> str:
@@ -257,7 +281,7 @@ def build_args(
         ("--port", "<port>"),
         ("--api-key", "<api-key>"),
     ]
-    n_parallel = options.parallel + options.state_slots
+    n_parallel = options.parallel + reserved_state_slots(options)
     if has("--slot-save-path"):
         head.append(("--slot-save-path", "<slot-dir>"))
     if has("-np", "--parallel"):
@@ -272,6 +296,10 @@ def build_args(
         head.append(("--no-warmup",))
     if has("-c", "--ctx-size"):
         head.append(("-c" if has("-c") else "--ctx-size", str(options.ctx_size * n_parallel)))
+    if options.embeddings and has("--embeddings"):
+        head.append(("--embeddings",))
+        if has("--pooling") and not _sets_pooling(options.native_args):
+            head.append(("--pooling", "mean"))  # "none" (a causal model's own) is not OpenAI's
     if has("--alias"):
         head.append(("--alias", alias))
     if has("--no-ui"):

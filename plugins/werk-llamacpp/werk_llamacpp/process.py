@@ -60,6 +60,7 @@ from .args import (
     build_args,
     model_file,
     parse_options,
+    reserved_state_slots,
     state_blockers,
 )
 from .canary import lineage_of
@@ -425,8 +426,10 @@ async def start_runtime(
         total_slots, n_ctx, alias = await _props(relay)
         await verify_unchanged(inspection, digest)
         blockers = state_blockers(built, inspection)
-        reserved = options.state_slots
-        if total_slots < 1 + reserved:
+        reserved = reserved_state_slots(options)
+        if reserved == 0:
+            blockers.append("an embeddings model (option embeddings) keeps no named states")
+        elif total_slots < 1 + reserved:
             blockers.append(
                 f"only {total_slots} slot(s); named states need {reserved} reserved slot(s)"
             )

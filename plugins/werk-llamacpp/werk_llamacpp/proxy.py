@@ -56,7 +56,11 @@ __all__ = ["PinnedSlot", "openai_reply"]
 
 log = logging.getLogger("werk.llamacpp")
 
-ROUTES = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
+ROUTES = {
+    "chat.completions": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
 WHAT = "llama-server"
 
 
@@ -153,6 +157,8 @@ def _prepare(handle: ManagedHandle, call: OpenAICall) -> dict[str, Any]:
             )
     body = dict(call.body)
     body["model"] = handle.model_alias
+    if call.route == "embeddings":
+        return body  # no slot or prompt cache: llama-server spreads embeddings itself
     body["cache_prompt"] = True
     body["stream"] = call.stream
     return body
@@ -178,9 +184,12 @@ async def openai_reply(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
     pinned = _pinned_slot(handle, call)
     if pinned is not None:
         lease = _Lease(lambda _slot: None, pinned)  # the owner holds the slot; nothing to free
+    elif call.route == "embeddings":
+        lease = _Lease(lambda _slot: None, -1)
     else:
         lease = _Lease(handle.picker.release, handle.picker.acquire(_prompt_key(call)))
-    body["id_slot"] = lease.slot
+    if lease.slot >= 0:
+        body["id_slot"] = lease.slot
     try:
         content = msgspec.json.encode(body)
     except BaseException:

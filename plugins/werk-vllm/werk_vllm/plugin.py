@@ -53,7 +53,11 @@ log = logging.getLogger("werk.vllm")
 
 LOCAL = "vllm"
 REMOTE = "vllm-remote"
-ROUTES = {"chat.completions": "/v1/chat/completions", "completions": "/v1/completions"}
+ROUTES = {
+    "chat.completions": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
 
 
 @hookimpl
@@ -65,6 +69,7 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             description="a Werk-started local vLLM OpenAI server",
             start="werk_vllm.process:start_runtime",
             stop="werk_vllm.process:stop_runtime",
+            routes=("chat.completions", "completions", "embeddings"),
         )
     )
     register(
@@ -74,6 +79,7 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             description="a separately operated vLLM OpenAI endpoint (WERK_VLLM_HOST/PORT)",
             start="werk_vllm.remote:start_remote",
             stop="werk_vllm.remote:stop_remote",
+            routes=("chat.completions", "completions", "embeddings"),
         )
     )
 
