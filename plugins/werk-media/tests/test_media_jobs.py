@@ -103,7 +103,7 @@ def test_delete_cancels_a_queued_job(media_home: Path) -> None:
             assert page["has_more"] is (cursor is not None)
             if cursor is None:
                 break
-        assert paged == [job["id"] for job in full["data"]] and len(paged) == 2
+        assert paged == [job["id"] for job in full["data"]] and len(paged) >= 2
         assert _get(server, "/v1/jobs?limit=0").status_code == 400
         assert _get(server, "/v1/jobs?cursor=bogus").status_code == 400
 
