@@ -48,8 +48,10 @@ qwen-tts-env: setup
 demo: llama-server
 	$(BIN)/werk models create-demo --id demo
 
+PORT ?= 11434
+
 serve: demo
-	$(BIN)/werk serve --model demo
+	$(BIN)/werk serve --model demo --port $(PORT)
 
 lint: setup
 	$(BIN)/ruff check .
