@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import wave
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 import msgspec
@@ -187,6 +188,10 @@ def _backend_body(parsed: MediaRequest) -> dict[str, Any]:
     return body
 
 
+_T = TypeVar("_T")
+log = logging.getLogger("werk.http")
+
+
 def _accepted(record: JobRecord) -> Response:
     return Response(encode(record), 202, media_type="application/json")
 
@@ -285,11 +290,50 @@ def _media_route(
             body = _backend_body(parsed)
             if getattr(parsed, "as_job", False):
                 return _accepted(await control.submit_job(principal, kind, body))
-            return answer(await control.openai_request(principal, kind, body))
+            reply = await while_connected(request, control.openai_request(principal, kind, body))
+            return answer(reply)
         except Exception as exc:
             return error_response(request, exc)
 
     return run
+
+
+class ClientGone(InvalidRequest):
+    """The client disconnected while its direct request ran; the work was cancelled (nobody
+    reads the answer; it is counted as a client error)."""
+
+
+async def while_connected(request: Request, work: Awaitable[_T]) -> _T:
+    """``work``, cancelled as soon as the client disconnects (the request body must have been
+    read already). A direct media request whose client gave up must not keep the model's
+    worker busy for minutes: the backend's cancellation ends it (the media worker is stopped
+    and the next request starts a fresh one). Async jobs do not go through here."""
+    outcome: list[_T] = []
+    gone = False
+
+    async def run() -> None:
+        outcome.append(await work)
+        group.cancel_scope.cancel()
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        group.cancel_scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            await run()
+    except BaseExceptionGroup as failed:  # the work failed: raise its own exception
+        if len(failed.exceptions) != 1:
+            raise
+        raise failed.exceptions[0] from None
+    if gone and not outcome:
+        log.info("%s %s: the client left; its work was cancelled", request.method, request.url.path)
+        raise ClientGone("the client disconnected")
+    return outcome[0]
 
 
 def _wav_seconds(data: bytes) -> float:
@@ -329,7 +373,8 @@ def _transcription_route(
                 raise InvalidRequest(f"'file' is longer than {MAX_AUDIO_SECONDS} seconds")
             body: dict[str, Any] = msgspec.to_builtins(parsed)
             body["audio_b64"] = base64.b64encode(audio).decode("ascii")
-            reply = await control.openai_request(principal, "audio.transcriptions", body)
+            work = control.openai_request(principal, "audio.transcriptions", body)
+            reply = await while_connected(request, work)
             text = str((reply.body or {}).get("text", ""))
             if parsed.response_format == "text":
                 return Response(text, 200, media_type="text/plain; charset=utf-8")
@@ -392,7 +437,8 @@ def _image_edit_route(
                 raise InvalidRequest("'image' must be a PNG or JPEG file")
             body: dict[str, Any] = msgspec.to_builtins(parsed)
             body["image_b64"] = base64.b64encode(image).decode("ascii")
-            return _json_answer(await control.openai_request(principal, "images.edits", body))
+            work = control.openai_request(principal, "images.edits", body)
+            return _json_answer(await while_connected(request, work))
         except Exception as exc:
             return error_response(request, exc)
 

@@ -15,6 +15,7 @@ import wave
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from media_testing import IMAGE_A, KEY, TTS, require_backends
 
@@ -129,3 +130,19 @@ def test_a_restart_fails_the_interrupted_job_and_keeps_the_finished_one(
         assert kept == finished
         audio = _get(again, finished["output"]["url"])
         assert audio.status_code == 200 and len(audio.content) == finished["output"]["bytes"]
+
+
+def test_an_abandoned_direct_image_request_frees_the_worker(media_home: Path) -> None:
+    """A direct request whose client gave up is cancelled: its worker is stopped, and the next
+    small request starts a fresh one instead of waiting minutes behind the abandoned work."""
+    endless = {"model": IMAGE_A, "prompt": "slow", "size": "512x512", "steps": 100, "seed": 1}
+    small = {"model": IMAGE_A, "prompt": "a dot", "size": "64x64", "steps": 2, "seed": 1}
+    with _server(media_home) as server:
+        assert _post(server, "/v1/images/generations", small).status_code == 200  # warm
+        with server.client(KEY, timeout=2) as http, pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/images/generations", json=endless)
+        started = time.monotonic()
+        answer = _post(server, "/v1/images/generations", small)
+        took = time.monotonic() - started
+        assert answer.status_code == 200, answer.text
+        assert took < 30, f"the next request waited {took:.1f} s"  # not ~160 s behind it
