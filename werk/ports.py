@@ -4,12 +4,14 @@ on the one it was given.
 :func:`free_port` picks a port for a child to bind a moment later (a lost race shows up as the
 child's bind failure, which its backend retries); :func:`listens_on` checks, once the child
 answers, that it is the child that holds the port and not some other process that took it in
-between. Both are public (``werk.free_port``, ``werk.listens_on``) and also importable from
+between; :func:`port_in_use` is ``werk serve``'s clear error for its own port. The first two
+are public (``werk.free_port``, ``werk.listens_on``) and also importable from
 :mod:`werk.supervise`, whose child processes they serve.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["free_port", "listens_on"]
+__all__ = ["free_port", "listens_on", "port_in_use"]
 
 
 def free_port() -> int:
@@ -28,6 +30,41 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound (in use: by whom, when this user may see it), or
+    ``None`` when it can. The server binds it right after; this only gives the clear error."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return f"cannot bind {host}:{port}: {exc.strerror}"
+            holder = _listener(port)
+            by = f" by {holder}" if holder else ""
+            return (
+                f"port {port} on {host} is already in use{by}; choose another with "
+                f"--port N (or `make serve PORT=N`)"
+            )
+    return None
+
+
+def _listener(port: int) -> str | None:
+    """The process listening on ``port`` (``name (pid N)``), if this user may see it."""
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                if conn.pid is None:
+                    return None
+                return f"{psutil.Process(conn.pid).name()} (pid {conn.pid})"
+    except Exception:  # permissions, a process that just ended: say nothing rather than guess
+        return None
+    return None
 
 
 def listens_on(pid: int, port: int) -> bool | None:

@@ -42,6 +42,14 @@ def _prefill(http: httpx.Client, prompt: str, **extra: Any) -> httpx.Response:
     return http.post("/werk/v1/prefill", json=body)
 
 
+def _state_of(http: httpx.Client, prompt: str) -> str:
+    """Prefill ``prompt`` into a disk state (it must succeed); its id."""
+    answer = _prefill(http, prompt)
+    assert answer.status_code == 200, answer.text
+    state_id: str = answer.json()["state"]["id"]
+    return state_id
+
+
 def _serves_reads(http: httpx.Client, state_id: str) -> None:
     listed = http.get("/werk/v1/states")
     assert listed.status_code == 200, listed.text
@@ -56,9 +64,7 @@ def test_a_full_disk_is_a_retryable_507_and_nothing_is_lost(
 ) -> None:
     server, disk = served
     with server.client() as http:
-        first = _prefill(http, "the first state")
-        assert first.status_code == 200, first.text
-        state_id = first.json()["state"]["id"]
+        state_id = _state_of(http, "the first state")
         filler = fill(disk)
         refused = _prefill(http, "a second state")
         assert refused.status_code == 507, refused.text
@@ -68,10 +74,9 @@ def test_a_full_disk_is_a_retryable_507_and_nothing_is_lost(
         assert int(refused.headers["Retry-After"]) >= 1
         _serves_reads(http, state_id)
         filler.unlink()
-        again = _prefill(http, "a second state")
-        assert again.status_code == 200, again.text
+        second_id = _state_of(http, "a second state")
         listed = http.get("/werk/v1/states").json()["states"]
-        assert [s["id"] for s in listed] == [state_id, again.json()["state"]["id"]]
+        assert [s["id"] for s in listed] == [state_id, second_id]
         reused = _prefill(
             http, "the first state", policy={"retention": "disk", "reuse": "required"}
         )
@@ -84,9 +89,7 @@ def test_a_read_only_disk_is_a_final_503_and_reads_go_on(
 ) -> None:
     server, disk = served
     with server.client() as http:
-        first = _prefill(http, "the first state")
-        assert first.status_code == 200, first.text
-        state_id = first.json()["state"]["id"]
+        state_id = _state_of(http, "the first state")
         with read_only(disk):
             refused = _prefill(http, "a second state")
             assert refused.status_code == 503, refused.text
@@ -94,5 +97,4 @@ def test_a_read_only_disk_is_a_final_503_and_reads_go_on(
             assert error["code"] == "unavailable" and error["retryable"] is False
             assert "read-only" in error["message"]
             _serves_reads(http, state_id)
-        again = _prefill(http, "a second state")
-        assert again.status_code == 200, again.text
+        _state_of(http, "a second state")

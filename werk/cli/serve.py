@@ -259,6 +259,8 @@ def serve(
     except WerkError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from None
+    from ..ports import port_in_use
+
     busy = port_in_use(host, port)
     if busy is not None:
         typer.echo(f"error: {busy}", err=True)
@@ -305,46 +307,6 @@ def serve(
     import anyio  # here, not at module level: every werk command imports this module
 
     anyio.run(_serve, service, http_server)
-
-
-def port_in_use(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be bound (in use: by whom, when this user may see it), or
-    ``None`` when it can. The server binds it right after; this only gives the clear error."""
-    import errno
-    import socket
-
-    if port == 0:
-        return None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                return f"cannot bind {host}:{port}: {exc.strerror}"
-            holder = _listener(port)
-            by = f" by {holder}" if holder else ""
-            return (
-                f"port {port} on {host} is already in use{by}; choose another with "
-                f"--port N (or `make serve PORT=N`)"
-            )
-    return None
-
-
-def _listener(port: int) -> str | None:
-    """The process listening on ``port`` (``name (pid N)``), if this user may see it."""
-    try:
-        import psutil
-
-        for conn in psutil.net_connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-                if conn.pid is None:
-                    return None
-                return f"{psutil.Process(conn.pid).name()} (pid {conn.pid})"
-    except Exception:  # permissions, a process that just ended: say nothing rather than guess
-        return None
-    return None
 
 
 async def _serve(service: LocalControlService, http_server: Callable[[], uvicorn.Server]) -> None:

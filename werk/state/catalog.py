@@ -139,15 +139,8 @@ class StateCatalog:
         pinned: bool | None = None,
     ) -> builtins.list[StoredState]:
         """The principal's ready, unexpired states by id (creation order), optionally filtered."""
-        now = self._clock()
-        return [
-            s
-            for s in self._read_states(principal)
-            if not s.expired(now)
-            and (model is None or s.model == model)
-            and (tier is None or s.tier == tier)
-            and (pinned is None or s.pinned == pinned)
-        ]
+        accept = _selector(self._clock(), model, tier, pinned)
+        return [s for s in self._read_states(principal) if accept(s)]
 
     def page(
         self,
@@ -161,16 +154,7 @@ class StateCatalog:
     ) -> tuple[builtins.list[StoredState], bool]:
         """One page of :meth:`list` (by id, after ``after``, ``limit`` at most) and whether
         more states may follow; reads the metadata of the page's states only."""
-        now = self._clock()
-
-        def accept(s: StoredState) -> bool:
-            return (
-                not s.expired(now)
-                and (model is None or s.model == model)
-                and (tier is None or s.tier == tier)
-                and (pinned is None or s.pinned == pinned)
-            )
-
+        accept = _selector(self._clock(), model, tier, pinned)
         check_principal(principal)
         with storage_errors("be read"), self._read_principal(principal) as pfd:
             if pfd is None:
@@ -545,3 +529,20 @@ class StateCatalog:
         with self._suspects_lock:
             self._suspects -= suspects
         return report
+
+
+def _selector(
+    now: float, model: str | None, tier: Tier | None, pinned: bool | None
+) -> Callable[[StoredState], bool]:
+    """What :meth:`StateCatalog.list` and :meth:`StateCatalog.page` keep: unexpired states
+    matching every filter given."""
+
+    def accept(s: StoredState) -> bool:
+        return (
+            not s.expired(now)
+            and (model is None or s.model == model)
+            and (tier is None or s.tier == tier)
+            and (pinned is None or s.pinned == pinned)
+        )
+
+    return accept

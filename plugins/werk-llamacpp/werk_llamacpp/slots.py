@@ -26,6 +26,7 @@ A save does not fsync; :func:`save_slot` leaves that to the caller, who owns the
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -47,6 +48,7 @@ from werk import (
     NotSent,
     ResponseTooLarge,
     Unavailable,
+    storage_refusal,
 )
 
 from .handle import LlamaHandle
@@ -226,10 +228,8 @@ def disk_full(directory: Path, action: str) -> InsufficientStorage | None:
         return None
     if info.f_bavail * info.f_frsize >= DISK_FULL_BYTES:
         return None
-    return InsufficientStorage(
-        f"could not {action}: no space left on the disk that holds WERK_HOME; free space and retry",
-        retry_after=30,
-    )
+    refusal = storage_refusal(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), action)
+    return refusal if isinstance(refusal, InsufficientStorage) else None
 
 
 async def save_slot(handle: LlamaHandle, slot: int, filename: str) -> SaveAck:
