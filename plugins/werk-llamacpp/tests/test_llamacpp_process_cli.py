@@ -158,11 +158,11 @@ def test_werk_serve_preloads_its_model_before_the_first_request(tmp_path: Path) 
         assert [r["generation"] for r in listed()] == [runtime["generation"]]
 
 
-def test_a_taken_port_ends_werk_serve_with_uvicorns_error_and_no_child_left(
+def test_a_taken_port_ends_werk_serve_with_one_error_and_no_child_left(
     tmp_path: Path,
 ) -> None:
-    """The preload may already be starting the child when the bind fails: ``werk serve``
-    still exits 3 with the bind error (no traceback) and leaves no llama-server behind."""
+    """A taken port ends ``werk serve --model demo`` (which would preload a llama-server) with
+    the one clear port error (exit 1, no traceback) and leaves no llama-server behind."""
     import socket
 
     home = tmp_path / "werk-home"
@@ -178,8 +178,9 @@ def test_a_taken_port_ends_werk_serve_with_uvicorns_error_and_no_child_left(
             text=True,
             timeout=60,
         )
-    assert done.returncode == 3, done.stderr
-    assert "address already in use" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 1, done.stderr
+    assert f"port {port} on 127.0.0.1 is already in use" in done.stderr
+    assert "Traceback" not in done.stderr
     assert wait_until(lambda: processes_mentioning(str(home)) == [], timeout=15)
 
 
