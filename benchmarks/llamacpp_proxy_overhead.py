@@ -348,12 +348,21 @@ def main(argv: list[str] | None = None) -> int:
         help="concurrent rounds per side, alternating which side goes first (one round's "
         "req/s varies by a quarter on a busy 2-core machine; the medians are compared)",
     )
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more `werk serve` argument (repeatable), e.g. --serve-arg=--quiet to "
+        "measure without the access log",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="werk-bench-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
         create_demo(home)
-        with werk_serve(home, ["demo"], Path(tmp) / "serve.log") as served:
+        log = Path(tmp) / "serve.log"
+        with werk_serve(home, ["demo"], log, args=args.serve_arg) as served:
             with httpx.Client(base_url=served.url, timeout=120) as werk:
                 _post(werk, CHAT)  # spawns the child
                 child = managed_child(served.process.pid)

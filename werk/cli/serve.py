@@ -177,6 +177,14 @@ def serve(
         metavar="LEVEL",
         help="Log level of the server and its plugins (debug, info, warning, error).",
     ),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        help="No access log. By default every request is logged to stderr when it ends: time, "
+        "status, method, path, model, duration, client address and request id (never a body, "
+        "header or key).",
+    ),
     metrics_public: bool = typer.Option(
         False,
         "--metrics-public",
@@ -291,10 +299,12 @@ def serve(
         )
 
     def http_server() -> uvicorn.Server:
+        from ..http.access import configure_access_log
         from ..http.app import build_app
         from ..http.server import configure_logging, make_server
 
         configure_logging(log_level)
+        configure_access_log(not quiet)
         return make_server(
             build_app(service, auth, metrics_public=metrics_public),
             host=host,

@@ -16,8 +16,9 @@ passes through it once.
   and a client must not reuse a connection in that state.
 * **Shutdown.** A request still running when a stopping server's grace period ends is
   cancelled with one log line (no traceback).
-* **Metrics.** Counted and timed by the route template Starlette matched (``unmatched`` when
-  none did), until the last body byte was sent.
+* **Metrics and the access log.** Counted and timed by the route template Starlette matched
+  (``unmatched`` when none did), until the last body byte was sent; one access-log line
+  (:mod:`werk.http.access`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..protocol import InvalidRequest
+from .access import log_exchange
 from .errors import error_response
 from .metrics import HttpMetrics
 from .requests import REQUEST_ID_HEADER, new_request_id, set_request_id
@@ -114,6 +116,6 @@ class ExchangeMiddleware:
             status = 503
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.observe(
-                route, str(scope.get("method", "")), status, time.perf_counter() - started
-            )
+            seconds = time.perf_counter() - started
+            self.metrics.observe(route, str(scope.get("method", "")), status, seconds)
+            log_exchange(scope, status, seconds, request_id)

@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message
 
 from ..protocol import InvalidRequest, PayloadTooLarge, UnsupportedMediaType, decode
+from .access import note_model
 
 __all__ = [
     "RequestIdFilter",
@@ -134,13 +135,19 @@ def decode_body(body: bytes, type: type[_T]) -> _T:
 
 
 async def read_struct(request: Request, type: type[_T], limit: int) -> _T:
-    """Read a bounded JSON body and decode it into ``type`` (see :func:`decode_body`)."""
-    return decode_body(await read_body(request, limit), type)
+    """Read a bounded JSON body and decode it into ``type`` (see :func:`decode_body`); a
+    ``model`` member is noted for the access log."""
+    parsed = decode_body(await read_body(request, limit), type)
+    note_model(request, getattr(parsed, "model", None))
+    return parsed
 
 
 async def read_object(request: Request, limit: int) -> dict[str, Any]:
-    """Read a bounded JSON body that must be an object (for ``/v1`` pass-through bodies)."""
-    return decode(await read_body(request, limit), dict[str, Any])
+    """Read a bounded JSON body that must be an object (for ``/v1`` pass-through bodies); its
+    ``model`` is noted for the access log."""
+    body = decode(await read_body(request, limit), dict[str, Any])
+    note_model(request, body.get("model"))
+    return body
 
 
 async def read_form(request: Request, limit: int, *, max_files: int = 1) -> FormData:
@@ -160,6 +167,8 @@ async def read_form(request: Request, limit: int, *, max_files: int = 1) -> Form
         return {"type": "http.request", "body": body, "more_body": False}
 
     try:
-        return await Request(request.scope, replay).form(max_files=max_files, max_fields=16)
+        form = await Request(request.scope, replay).form(max_files=max_files, max_fields=16)
     except (MultiPartException, ValueError, KeyError) as exc:
         raise InvalidRequest(f"the multipart form is malformed: {exc}") from None
+    note_model(request, form.get("model"))
+    return form
