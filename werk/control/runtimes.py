@@ -85,6 +85,22 @@ class RuntimeEntry(msgspec.Struct, frozen=True, kw_only=True):
     reserved: int | None = None
 
 
+class LoadingEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A runtime being started, as ``werk ps`` shows it.
+
+    :ivar phase: ``reserving memory`` (waiting for room), ``opening files`` (file leases) or
+        ``starting`` (the backend loads the model and waits for its readiness).
+    :ivar since: wall-clock seconds when the start began.
+    :ivar waiting: requests waiting for this start (the one that began it included).
+    """
+
+    model: str
+    backend: str
+    phase: str
+    since: float
+    waiting: int
+
+
 class Use:
     """Work in progress on one runtime; :meth:`release` (idempotent) starts its idle time."""
 
@@ -187,6 +203,7 @@ class RuntimeManager:
         self._events: dict[str, dict[str, int]] = {}
         self._crashed: set[str] = set()
         self._last_used: dict[str, float] = {}
+        self._loading: dict[str, tuple[str, str, float]] = {}  # model: (backend, phase, since)
         if memory is not None:
             memory.set_relief(
                 ReliefCallbacks(candidates=self._relief_candidates, execute=self._relief_execute)
@@ -352,6 +369,23 @@ class RuntimeManager:
             )
         return out
 
+    def loading(self) -> list[LoadingEntry]:
+        """The runtimes being started now, by model id."""
+        out = []
+        for model, (backend, phase, since) in sorted(self._loading.items()):
+            lock = self._locks.get(model)
+            waiting = 1 + (lock.statistics().tasks_waiting if lock is not None else 0)
+            out.append(
+                LoadingEntry(
+                    model=model, backend=backend, phase=phase, since=since, waiting=waiting
+                )
+            )
+        return out
+
+    def _phase(self, spec: ModelSpec, phase: str) -> None:
+        since = self._loading.get(spec.id, ("", "", self._wall()))[2]
+        self._loading[spec.id] = (spec.backend, phase, since)
+
     def seconds_to_next_unload(self) -> float | None:
         """Seconds until the earliest idle runtime is due to be unloaded (``None``: none is)."""
         due = [
@@ -415,13 +449,17 @@ class RuntimeManager:
         starting = False
         try:
             if requirement is not None and self._memory is not None:
+                self._phase(spec, "reserving memory")
                 reservation = await anyio.to_thread.run_sync(
                     admission.reserve, self._memory, _owner(spec.id), spec, requirement, not preload
                 )
+            self._phase(spec, "opening files")
             lease = await anyio.to_thread.run_sync(ModelFileLease.acquire, spec.files)
             starting = True
+            self._phase(spec, "starting")
             runtime = await descriptor.start_runtime(spec)
         except BaseException as exc:
+            self._loading.pop(spec.id, None)
             if reservation is not None and self._memory is not None:
                 self._memory.cancel(reservation)
             if lease is not None:
@@ -441,6 +479,7 @@ class RuntimeManager:
             ) from None
         if reservation is not None and self._memory is not None:
             self._allocations[spec.id] = self._memory.commit(reservation, reservation.nbytes)
+        self._loading.pop(spec.id, None)
         self._failures.pop(spec.id, None)
         self._runtimes[spec.id] = runtime
         if lease is not None:

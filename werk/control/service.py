@@ -69,7 +69,7 @@ from ..protocol import (
     WerkError,
     rfc3339,
 )
-from ..protocol.residency import RuntimeInfo, RuntimeList
+from ..protocol.residency import LoadingRuntime, RuntimeInfo, RuntimeList
 from ..protocol.stats import StatsResponse
 from ..state.catalog import StateCatalog
 from ..state.envelope import Envelope
@@ -292,7 +292,18 @@ class LocalControlService(WerkControl):
                     preparation=e.runtime.preparation,
                 )
                 for e, bytes_ in zip(entries, rss, strict=True)
-            ]
+            ],
+            loading=[
+                LoadingRuntime(
+                    model=e.model,
+                    backend=e.backend,
+                    phase=e.phase,
+                    started_at=rfc3339(e.since),
+                    elapsed_seconds=max(0, int(now - e.since)),
+                    waiting=e.waiting,
+                )
+                for e in self.runtimes.loading()
+            ],
         )
 
     async def preload(self) -> None:

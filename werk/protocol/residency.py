@@ -21,6 +21,7 @@ __all__ = [
     "ExpertList",
     "ExpertSkip",
     "ExpertTier",
+    "LoadingRuntime",
     "ModelInfo",
     "ModelList",
     "PagePreparation",
@@ -91,8 +92,27 @@ class RuntimeInfo(Response, frozen=True, kw_only=True):
     preparation: PagePreparation | None = None
 
 
+class LoadingRuntime(Response, frozen=True, kw_only=True):
+    """A runtime being started (``werk ps`` shows it before it is loaded).
+
+    ``phase`` is ``reserving memory`` (waiting until the model fits), ``opening files`` or
+    ``starting`` (the backend loads the model and waits for its readiness); ``waiting`` counts
+    the requests that wait for this start, the one that began it included.
+    """
+
+    model: str
+    backend: str
+    phase: str
+    started_at: str
+    elapsed_seconds: int
+    waiting: int
+
+
 class RuntimeList(Response, frozen=True, kw_only=True):
+    """``GET /werk/v1/runtimes``: the loaded runtimes, and those being started (``loading``)."""
+
     runtimes: list[RuntimeInfo]
+    loading: list[LoadingRuntime] = msgspec.field(default_factory=list)
 
 
 class ResidencyRequest(Request, frozen=True, kw_only=True):

@@ -18,7 +18,8 @@ How it behaves (details in each module):
 * **Decode** (:mod:`.decoder`): deterministic words chosen by hashing weights and tokens.
 * **Simulated failures** (all documented in :mod:`.engine` and :mod:`.decoder`): ``kill()`` on
   the runtime's handle or a ``<model file>.kill`` file kills the runtime; the prompt markers
-  ``<<fail-prefill>>``, ``<<fail-decode>>`` and ``<<huge>>``; ``<<fail-start>>`` in the model file.
+  ``<<fail-prefill>>``, ``<<fail-decode>>`` and ``<<huge>>``; ``<<fail-start>>`` in the model
+  file; a ``<model file>.hold`` file makes a start wait while it exists (a slow load).
 
 It imports only public names from :mod:`werk` (and :mod:`werk.protocol`).
 """

@@ -26,8 +26,11 @@ import hashlib
 import secrets
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import anyio
 
 from werk import BackendError, ModelSpec, Runtime, Unavailable
 
@@ -42,6 +45,7 @@ __all__ = [
     "Engine",
     "Weights",
     "engine_of",
+    "hold_file",
     "kill_file",
     "start",
     "stop",
@@ -65,6 +69,15 @@ class Weights:
 def kill_file(model_file: Path) -> Path:
     """The file whose existence kills the runtime serving ``model_file``."""
     return model_file.with_name(model_file.name + ".kill")
+
+
+def hold_file(model_file: Path) -> Path:
+    """While this file exists, a start of ``model_file``'s model waits (at most
+    :data:`HOLD_MAX_SECONDS`): a slow load, for tests of what a loading model looks like."""
+    return model_file.with_name(model_file.name + ".hold")
+
+
+HOLD_MAX_SECONDS = 60.0
 
 
 @dataclass(kw_only=True, eq=False)
@@ -143,6 +156,9 @@ async def start(spec: ModelSpec) -> Runtime:
     if spec.backend != BACKEND:
         raise BackendError(f"model {spec.id!r} is not a testkv model")
     weights = _load_weights(spec)
+    deadline = time.monotonic() + HOLD_MAX_SECONDS
+    while hold_file(spec.files[0]).exists() and time.monotonic() < deadline:
+        await anyio.sleep(0.05)
     generation = "g_" + secrets.token_hex(8)
     engine = Engine(
         generation=generation,

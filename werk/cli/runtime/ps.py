@@ -42,7 +42,9 @@ def ps(
 ) -> None:
     """List the models a running server has loaded: backend, process id, generation, age,
     work in progress, when it unloads if left idle (`werk serve --keep-alive`, or a request's
-    own "keep_alive"), and memory (Werk's reservation; the process tree's resident bytes)."""
+    own "keep_alive"), and memory (Werk's reservation; the process tree's resident bytes).
+    Models being loaded are listed first, with their phase (reserving memory, opening files,
+    starting), for how long, and how many requests wait for them."""
     respond(
         Connection(server, api_key_file, timeout),
         as_json,
@@ -62,8 +64,20 @@ def _duration(seconds: float | None) -> str:
 
 
 def _print(listing: RuntimeList, *, verbose: bool = False) -> None:
+    if listing.loading:
+        show(
+            table(
+                "Loading",
+                ["MODEL", "BACKEND", "PHASE", "FOR", "WAITING REQUESTS"],
+                [
+                    (r.model, r.backend, r.phase, f"{r.elapsed_seconds}s", r.waiting)
+                    for r in listing.loading
+                ],
+            )
+        )
     if not listing.runtimes:
-        show("No model is loaded. The first request for a model starts it.")
+        if not listing.loading:
+            show("No model is loaded. The first request for a model starts it.")
         return
     show(
         table(
