@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from werk.protocol import JobStatus, NotFound
+from werk.protocol import JobDeleted, JobStatus, NotFound
 from werk.state import jobs as jobs_module
 from werk.state.jobs import INTERRUPTED, JobStore
 
@@ -67,6 +67,27 @@ def test_cancel_is_immediate_when_queued_and_requested_when_running(tmp_path: Pa
     assert requested.status is JobStatus.RUNNING and requested.cancel_requested
     with pytest.raises(NotFound):
         store.cancel(B, running.id)
+
+
+def test_cancel_of_a_finished_job_deletes_it_with_its_output(tmp_path: Path) -> None:
+    """``DELETE /v1/jobs/{id}`` of a finished job removes it (it used to answer 200 and stay);
+    only its owner can, and a second delete finds nothing."""
+    store = _store(tmp_path)
+    done = store.create_finished(A, "images.generations", {}, b"PNG", "image/png")
+    assert done.output is not None
+    with pytest.raises(NotFound):
+        store.cancel(B, done.id)
+    assert store.cancel(A, done.id) == JobDeleted(id=done.id)
+    with pytest.raises(NotFound):
+        store.get(A, done.id)
+    with pytest.raises(NotFound):
+        store.output(A, done.output.id)
+    with pytest.raises(NotFound):
+        store.cancel(A, done.id)
+    for status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        ended = store.update(store.create(A, "k", {}).id, status=status)
+        assert isinstance(store.cancel(A, ended.id), JobDeleted)
+        assert store.records(A) == []
 
 
 def test_recovery_fails_unfinished_jobs_and_keeps_finished_ones(tmp_path: Path) -> None:

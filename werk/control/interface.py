@@ -24,6 +24,7 @@ from ..protocol import (
     ExpertActionResult,
     ExpertList,
     InfoResponse,
+    JobDeleted,
     JobRecord,
     MemoryResponse,
     ModelList,
@@ -134,7 +135,9 @@ class WerkControl(abc.ABC):
         """Queue a validated media request as a durable job (see :mod:`werk.state.jobs`)."""
 
     @abc.abstractmethod
-    async def cancel_job(self, principal: str, job_id: str) -> JobRecord: ...
+    async def cancel_job(self, principal: str, job_id: str) -> JobRecord | JobDeleted:
+        """Cancel a job that has not finished (its record), or delete a finished one with its
+        output (:class:`JobDeleted`)."""
 
     @abc.abstractmethod
     async def job_output(self, principal: str, output_id: str) -> tuple[bytes, str]: ...

@@ -19,6 +19,7 @@ from ..backends import OpenAIReply, OpenAIRoute
 from ..protocol import (
     BackendError,
     InvalidRequest,
+    JobDeleted,
     JobError,
     JobRecord,
     JobStatus,
@@ -104,7 +105,7 @@ class JobQueue:
             raise ResourceExhausted("the job queue is full; retry later") from None
         return record
 
-    async def cancel(self, principal: str, job_id: str) -> JobRecord:
+    async def cancel(self, principal: str, job_id: str) -> JobRecord | JobDeleted:
         return await anyio.to_thread.run_sync(self._service.job_store.cancel, principal, job_id)
 
     async def output(self, principal: str, output_id: str) -> tuple[bytes, str]:

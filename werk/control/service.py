@@ -45,6 +45,7 @@ from ..protocol import (
     ExpertActionResult,
     ExpertList,
     InfoResponse,
+    JobDeleted,
     JobRecord,
     MemoryResponse,
     ModelInfo,
@@ -440,7 +441,7 @@ class LocalControlService(WerkControl):
     ) -> JobRecord:
         return await self.job_queue.submit(principal, kind, body)
 
-    async def cancel_job(self, principal: str, job_id: str) -> JobRecord:
+    async def cancel_job(self, principal: str, job_id: str) -> JobRecord | JobDeleted:
         return await self.job_queue.cancel(principal, job_id)
 
     async def job_output(self, principal: str, output_id: str) -> tuple[bytes, str]:

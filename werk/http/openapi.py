@@ -23,7 +23,12 @@ from ..protocol import (
     PruneFilter,
     PruneRequest,
 )
-from ..protocol.media import ClassificationRequest, ImageGenerationRequest, SpeechRequest
+from ..protocol.media import (
+    IMAGE_SIZE_PATTERN,
+    ClassificationRequest,
+    ImageGenerationRequest,
+    SpeechRequest,
+)
 from ..protocol.prefill import ModelId
 from .routes import ROUTE_SPECS
 
@@ -88,8 +93,35 @@ _CROSS_FIELD: dict[type, dict[str, Any]] = {
             },
         ]
     },
+    ImageGenerationRequest: {"properties": {"size": {"pattern": IMAGE_SIZE_PATTERN}}},
+    SpeechRequest: {"properties": {"response_format": {"enum": ["wav"]}}},
+    JobRequest: {
+        "oneOf": [
+            {
+                "properties": {
+                    "kind": {"const": kind},
+                    "request": {"$ref": _REF.format(name=struct.__name__)},
+                }
+            }
+            for kind, struct in (
+                ("images.generations", ImageGenerationRequest),
+                ("audio.speech", SpeechRequest),
+            )
+        ]
+    },
 }
-"""The ``__post_init__`` rules of request Structs, in JSON Schema."""
+"""The rules request Structs check beyond their types (``__post_init__``, ``validate()``), in
+JSON Schema: merged into the Structs' generated schemas."""
+
+
+def _merge(schema: dict[str, Any], rule: dict[str, Any]) -> None:
+    """Merge ``rule`` into ``schema``: ``properties`` member by member, the rest replaced."""
+    for key, value in rule.items():
+        if key == "properties":
+            for name, extra in value.items():
+                schema.setdefault("properties", {}).setdefault(name, {}).update(extra)
+        else:
+            schema[key] = value
 
 
 _OPENAI_ERROR = {
@@ -242,7 +274,7 @@ def _media_paths(
             "model": _MODEL_ID,
             "prompt": {"type": "string", "minLength": 1, "maxLength": 4000},
             "n": {"type": "integer", "minimum": 1, "maximum": 4, "default": 1},
-            "size": {"type": "string", "default": "512x512"},
+            "size": {"type": "string", "default": "512x512", "pattern": IMAGE_SIZE_PATTERN},
             "response_format": {"enum": ["b64_json", "url"], "default": "b64_json"},
             "seed": {"type": "integer", "minimum": 0, "maximum": 4294967295},
             "steps": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
@@ -305,6 +337,15 @@ def _job_paths(record: dict[str, Any], submit: dict[str, Any]) -> dict[str, dict
         "required": ["object", "data"],
         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": record}},
     }
+    deleted = {
+        "type": "object",
+        "required": ["id", "object", "deleted"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "job.deleted"},
+            "deleted": {"const": True},
+        },
+    }
     path_id = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     out_id = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
     accepted = {
@@ -332,9 +373,15 @@ def _job_paths(record: dict[str, Any], submit: dict[str, Any]) -> dict[str, dict
         "/v1/jobs/{job_id}": {
             "get": op("One of your jobs", "openai_job", one, parameters=path_id),
             "delete": op(
-                "Cancel a job (a queued one at once, a running one when it ends)",
+                "Cancel a job that has not finished (a queued one at once, a running one when "
+                "its step ends): the record; delete a finished one with its output",
                 "openai_job_cancel",
-                one,
+                {
+                    "200": {
+                        "description": "The cancelled job's record, or the deletion",
+                        "content": {"application/json": {"schema": {"oneOf": [record, deleted]}}},
+                    }
+                },
                 parameters=path_id,
             ),
         },
@@ -466,7 +513,7 @@ def openapi_document() -> dict[str, Any]:
     refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
     ref_of = dict(zip(structs, refs, strict=True))
     for struct, rule in _CROSS_FIELD.items():
-        components[struct.__name__].update(rule)
+        _merge(components[struct.__name__], rule)
     error = {
         "description": "Werk error",
         "content": {"application/json": {"schema": ref_of[ErrorBody]}},

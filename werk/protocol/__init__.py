@@ -46,6 +46,7 @@ from .info import AuthMode, InfoResponse, ModelRef, PluginInfo, PluginStatus, Se
 from .jobs import (
     IN_PROGRESS_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
+    JobDeleted,
     JobError,
     JobOutput,
     JobRecord,
@@ -157,6 +158,7 @@ __all__ = [
     "InternalError",
     "InvalidHandoff",
     "InvalidRequest",
+    "JobDeleted",
     "JobError",
     "JobOutput",
     "JobRecord",

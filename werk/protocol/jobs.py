@@ -21,6 +21,7 @@ from .base import Request, Response
 __all__ = [
     "IN_PROGRESS_JOB_STATUSES",
     "TERMINAL_JOB_STATUSES",
+    "JobDeleted",
     "JobError",
     "JobOutput",
     "JobRecord",
@@ -71,6 +72,15 @@ class JobRecord(Response, frozen=True, kw_only=True):
     cancel_requested: bool = False
     request: dict[str, Any] | None = None
     """The request as validated (media bytes left out)."""
+
+
+class JobDeleted(Response, frozen=True, kw_only=True):
+    """``DELETE /v1/jobs/{id}`` of a finished job: it was deleted with its output (OpenAI's
+    deletion shape, as for files)."""
+
+    id: str
+    object: Literal["job.deleted"] = "job.deleted"
+    deleted: bool = True
 
 
 class JobRequest(Request, frozen=True, kw_only=True):

@@ -17,6 +17,7 @@ from .errors import InvalidRequest, Unsupported
 __all__ = [
     "IMAGE_SIDE_MAX",
     "IMAGE_SIDE_MIN",
+    "IMAGE_SIZE_PATTERN",
     "MAX_AUDIO_BYTES",
     "MAX_AUDIO_SECONDS",
     "MAX_CLASSIFICATION_INPUTS",
@@ -41,6 +42,12 @@ MAX_AUDIO_SECONDS = 600
 MAX_CLASSIFICATION_INPUTS = 32
 MAX_IMAGE_UPLOAD_BYTES = 16 * 1024 * 1024
 MAX_LABELS = 100
+
+
+_SIDES = "|".join(str(side) for side in range(IMAGE_SIDE_MIN, IMAGE_SIDE_MAX + 1, 8))
+IMAGE_SIZE_PATTERN = f"^(?:{_SIDES})x(?:{_SIDES})$"
+"""The ``size`` values :func:`image_dimensions` accepts, as a regular expression (for the
+published OpenAPI document)."""
 
 
 def image_dimensions(size: str) -> tuple[int, int]:

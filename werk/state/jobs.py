@@ -30,6 +30,7 @@ from .. import _fs
 from ..protocol import (
     IN_PROGRESS_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
+    JobDeleted,
     JobError,
     JobOutput,
     JobRecord,
@@ -180,24 +181,28 @@ class JobStore:
             self._write(jobs, _Stored(principal=stored.principal, record=record))
         return record
 
-    def cancel(self, principal: str, job_id: str) -> JobRecord:
-        """``queued`` → ``cancelled`` now; ``loading``/``running``/``encoding`` →
-        ``cancel_requested`` (the runner discards its result); a terminal record is returned
-        unchanged."""
+    def cancel(self, principal: str, job_id: str) -> JobRecord | JobDeleted:
+        """``DELETE /v1/jobs/{id}``: ``queued`` → ``cancelled`` now; ``loading``/``running``/
+        ``encoding`` → ``cancel_requested`` (the runner discards its result); a finished job
+        (``completed``, ``failed``, ``cancelled``) is deleted with its output."""
         record = self.get(principal, job_id)
         if record.status is JobStatus.QUEUED:
             return self.update(job_id, status=JobStatus.CANCELLED)
-        if record.status in IN_PROGRESS_JOB_STATUSES and not record.cancel_requested:
-            return self.update(job_id, cancel_requested=True)
-        return record
+        if record.status in IN_PROGRESS_JOB_STATUSES:
+            return record if record.cancel_requested else self.update(job_id, cancel_requested=True)
+        if self.remove(job_id, principal) == "gone":  # a concurrent DELETE was first
+            raise NotFound("no such job")
+        return JobDeleted(id=job_id)  # a finished record never becomes unfinished again
 
-    def remove(self, job_id: str) -> Literal["removed", "gone", "unfinished"]:
-        """Delete a finished record and its output (``werk cache purge``): ``removed``;
-        ``gone`` when it is not there; ``unfinished`` (nothing deleted) while a runner may
-        still write it."""
+    def remove(
+        self, job_id: str, principal: str | None = None
+    ) -> Literal["removed", "gone", "unfinished"]:
+        """Delete a finished record and its output (``werk cache purge``; ``DELETE`` with the
+        owner's ``principal``): ``removed``; ``gone`` when it is not there (or not the
+        principal's); ``unfinished`` (nothing deleted) while a runner may still write it."""
         with self._lock, self._dirs() as (jobs, outputs), storage_errors("remove a job"):
             stored = self._read(jobs, job_id) if _valid_id(job_id, "job_") else None
-            if stored is None:
+            if stored is None or (principal is not None and stored.principal != principal):
                 return "gone"
             if stored.record.status not in TERMINAL_JOB_STATUSES:
                 return "unfinished"
