@@ -1,7 +1,8 @@
 """werk-media: loaded through its real entry point; capability truth with no media worker.
 
-Media pipelines have model residency but no text KV state: residency is ``unavailable`` until a
-worker runs, and every state, prefill/decode and expert row is ``unsupported``
+Media pipelines have model residency but no text KV state: residency is ``unavailable`` while no
+worker environment is found, ``supported`` with only ``load`` when one is found but no worker
+runs (a load starts one), and every state, prefill/decode and expert row is ``unsupported``
 (the seed's "other production backends" column; cross-restart restore is not advertised).
 """
 
@@ -31,6 +32,16 @@ NO_WORKER_COLUMN = {
     "runtime.pd.handoff": UNSUPPORTED,
     "runtime.experts.residency": UNSUPPORTED,
 }
+
+
+@pytest.fixture(autouse=True)
+def no_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No media environment, whatever this machine has (the real locators find none; a test
+    that wants one says so)."""
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WERK_BACKENDS_DIR", str(tmp_path / "backends"))
+    monkeypatch.delenv("WERK_MEDIA_PYTHON", raising=False)
+    monkeypatch.delenv("WERK_QWEN_TTS_PYTHON", raising=False)
 
 
 def _plugin() -> ModuleType:
@@ -69,6 +80,20 @@ def test_registers_the_media_and_qwen_tts_backends() -> None:
 def test_matrix_without_a_worker(backend: str) -> None:
     core = {r.id: r.status.value for r in _rows(backend=backend) if r.id.startswith("runtime.")}
     assert core == NO_WORKER_COLUMN
+
+
+@pytest.mark.parametrize("backend", ["media", "qwen-tts"])
+def test_with_an_environment_but_no_worker_a_load_starts_one(
+    backend: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from werk_media.environment import MediaPython
+
+    found = MediaPython(python=tmp_path / "python", source="WERK_BACKENDS_DIR (test)")
+    monkeypatch.setattr(_plugin(), "LOCATORS", {"media": lambda: found, "qwen-tts": lambda: found})
+    [row] = [r for r in _rows(backend=backend) if r.id == "runtime.model_residency"]
+    assert row.status.value == "supported" and row.operations == ["load"]
+    assert row.reason.startswith(f"no {backend} worker is running")
+    assert "WERK_BACKENDS_DIR (test)" in row.reason and "/load" in row.reason
 
 
 def test_per_model_rows_carry_the_model() -> None:

@@ -58,12 +58,17 @@ def served(media_home: Path) -> Iterator[WerkServer]:
     yield from _serve(media_home)
 
 
-def test_residency_is_unavailable_until_the_first_request_starts_the_worker(
-    served: WerkServer,
-) -> None:
+def test_load_starts_the_worker_before_any_request(served: WerkServer) -> None:
     before = residency(served, IMAGE_A)
-    assert before["status"] == "unavailable"
-    assert "first media request starts one" in before["reason"]
+    assert before["status"] == "supported" and before["operations"] == ["load"]
+    assert "no media worker is running" in before["reason"]
+    with served.client(KEY, timeout=300) as http:
+        loaded = http.post(f"/werk/v1/models/{IMAGE_A}/load", json={"dry_run": False})
+        assert loaded.status_code == 200, loaded.text
+        assert loaded.json() == {"model": IMAGE_A, "resident": True}
+        [runtime] = [r for r in http.get("/werk/v1/runtimes").json()["runtimes"]]
+        assert runtime["model"] == IMAGE_A and runtime["backend"] == "media"
+    assert "media worker (pid" in residency(served, IMAGE_A)["reason"]
     assert generate(served).status_code == 200
     after = residency(served, IMAGE_A)
     assert after["status"] == "supported"
@@ -293,7 +298,7 @@ def test_a_worker_killed_mid_generation_fails_the_request_and_the_next_starts_co
         time.sleep(0.05)
     assert not psutil.pid_exists(worker.pid)  # reaped by werk serve, not left a zombie
     after_exit = residency(served, IMAGE_A)
-    assert after_exit["status"] == "unavailable", after_exit
+    assert after_exit["status"] == "supported" and after_exit["operations"] == ["load"]
     assert after_exit["reason"].startswith("no media worker is running")
     again = generate(served)
     assert again.status_code == 200, again.text

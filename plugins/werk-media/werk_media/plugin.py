@@ -206,14 +206,17 @@ def _residency(context: CapabilityContext) -> CapabilityReport:
         try:
             found = LOCATORS[kind]()
         except WerkError as exc:
-            why = exc.message
-        else:
-            why = (
-                f"no {kind} worker is running (its python from {found.source}); the first "
-                f"{kind} request starts one"
+            return CapabilityReport(
+                id=CapabilityId.MODEL_RESIDENCY,
+                status=CapabilityStatus.UNAVAILABLE,
+                reason=exc.message,
             )
         return CapabilityReport(
-            id=CapabilityId.MODEL_RESIDENCY, status=CapabilityStatus.UNAVAILABLE, reason=why
+            id=CapabilityId.MODEL_RESIDENCY,
+            status=CapabilityStatus.SUPPORTED,
+            operations=["load"],
+            reason=f"no {kind} worker is running (its python from {found.source}); loading a "
+            f"model (POST /werk/v1/models/ID/load) or the first {kind} request starts one",
         )
     resident = [str(entry.get("path")) for entry in worker.resident]
     runtime = context.runtime
