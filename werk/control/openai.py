@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from ..backends import OpenAICall, OpenAIReply, OpenAIRoute, Operation
-from ..protocol import BackendError, InvalidRequest, Unsupported, WerkError
+from ..protocol import BackendError, InvalidRequest, RuntimeEnded, Unsupported, WerkError
 from ..protocol.residency import parse_keep_alive
 from ..state.principals import cache_salt
 from .context import ServiceContext
@@ -74,19 +74,22 @@ class OpenAIRequests:
                 f"model {model!r} (backend {spec.backend!r}) does not serve "
                 f"/v1/{route.replace('.', '/')}"
             )
+        call = OpenAICall(
+            route=route, body=body, stream=stream, cache_salt=self._cache_salt(principal)
+        )
         use = await service.runtimes.use(spec)
         try:
             if started is not None:
                 await started()
-            call = OpenAICall(
-                route=route,
-                body=body,
-                stream=stream,
-                cache_salt=self._cache_salt(principal),
-            )
-            reply: OpenAIReply = await service.pm.call_operation(
-                Operation.OPENAI, use.runtime, call=call
-            )
+            try:
+                reply: OpenAIReply = await service.pm.call_operation(
+                    Operation.OPENAI, use.runtime, call=call
+                )
+            except RuntimeEnded as ended:  # nothing was sent: once more, on a fresh runtime
+                log.info("model %s: %s; sending the request to a new runtime", model, ended)
+                use.release(keep_alive)
+                use = await service.runtimes.use(spec)
+                reply = await service.pm.call_operation(Operation.OPENAI, use.runtime, call=call)
         except BaseException:
             use.release(keep_alive)
             raise

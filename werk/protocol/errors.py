@@ -33,6 +33,7 @@ __all__ = [
     "ReadOnlyStorage",
     "ResourceExhausted",
     "ReuseUnavailable",
+    "RuntimeEnded",
     "Unauthenticated",
     "Unavailable",
     "Unsupported",
@@ -252,6 +253,13 @@ class Unavailable(WerkError):
 
     code = ErrorCode.UNAVAILABLE
     default_retryable = True
+
+
+class RuntimeEnded(Unavailable):
+    """The runtime ended before this request reached it (nothing was sent to the backend):
+    raised by a backend's operation, it makes the host start a fresh runtime and make the call
+    once more (once). A request that was sent, even partly, must not raise it: the backend
+    may have acted on it."""
 
 
 class InsufficientStorage(Unavailable):

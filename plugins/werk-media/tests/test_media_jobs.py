@@ -28,8 +28,8 @@ SLOW_IMAGE = {"model": IMAGE_A, "prompt": "slow", "size": "128x128", "steps": 60
 """About 6 s of work on two idle cores: caught running, yet quick to wait for."""
 
 
-def _server(home: Path) -> Any:
-    extra = {"WERK_BACKENDS_DIR": require_backends()}
+def _server(home: Path, **env: str) -> Any:
+    extra = {"WERK_BACKENDS_DIR": require_backends(), **env}
     args = ["--model", TTS, "--model", IMAGE_A, "--api-key", KEY, "--api-key", OTHER_KEY]
     return werk_serve(home, None, args, env=extra)
 
@@ -146,3 +146,41 @@ def test_an_abandoned_direct_image_request_frees_the_worker(media_home: Path) ->
         took = time.monotonic() - started
         assert answer.status_code == 200, answer.text
         assert took < 30, f"the next request waited {took:.1f} s"  # not ~160 s behind it
+
+
+def test_requests_beyond_the_wait_bound_are_refused_with_retry_after(media_home: Path) -> None:
+    """One request runs, ``WERK_MEDIA_MAX_WAITING`` (here 1) wait in order, one more is ``429``
+    with ``Retry-After`` at once; the long wait is logged; once the slow request is abandoned
+    the waiting one answers."""
+    import threading
+
+    slow = {"model": IMAGE_A, "prompt": "slow", "size": "512x512", "steps": 100, "seed": 1}
+    small = {"model": IMAGE_A, "prompt": "a dot", "size": "64x64", "steps": 2, "seed": 1}
+    with _server(media_home, WERK_MEDIA_MAX_WAITING="1") as server:
+        assert _post(server, "/v1/images/generations", small).status_code == 200  # warm
+        outcome: dict[str, Any] = {}
+
+        def abandoned() -> None:
+            with server.client(KEY, timeout=6) as http, pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/images/generations", json=slow)
+
+        def waiting() -> None:
+            outcome["waiting"] = _post(server, "/v1/images/generations", small)
+
+        first = threading.Thread(target=abandoned)
+        first.start()
+        time.sleep(1.0)  # the slow one holds the worker
+        second = threading.Thread(target=waiting)
+        second.start()
+        time.sleep(1.0)  # the small one waits behind it
+        refused = _post(server, "/v1/images/generations", small)
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert (
+            error["code"] == "resource_exhausted" and "WERK_MEDIA_MAX_WAITING=1" in error["message"]
+        )
+        assert int(refused.headers["retry-after"]) >= 1
+        first.join(timeout=60)
+        second.join(timeout=120)
+        assert outcome["waiting"].status_code == 200, outcome["waiting"].text
+        assert "waited" in server.log() and "for the media worker" in server.log()

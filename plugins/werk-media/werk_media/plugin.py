@@ -40,7 +40,7 @@ from werk import (
     OpenAICall,
     OpenAIReply,
     Runtime,
-    Unavailable,
+    RuntimeEnded,
     WerkError,
     hookimpl,
 )
@@ -309,9 +309,7 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
             f"/v1/{call.route.replace('.', '/')} needs a {ROUTE_TASKS[call.route]} model"
         )
     if not handle.worker.alive():
-        raise Unavailable(
-            "the media worker ended; the next request starts a new one", retryable=True
-        )
+        raise RuntimeEnded("the media worker ended before this request reached it")
     result = await handle.worker.request("execute", _arguments(call, handle))
     if call.route == "audio.speech":
         audio = base64.b64decode(str(result["audio"]))

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -28,6 +29,8 @@ from werk import (
     BackendError,
     CapabilityId,
     InvalidRequest,
+    ResourceExhausted,
+    RuntimeEnded,
     SupervisedProcess,
     Unavailable,
     Unsupported,
@@ -45,6 +48,11 @@ log = logging.getLogger("werk.media")
 TRANSPORT_VERSION = 1
 WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 CACHE_SIZE_ENV = "WERK_MEDIA_PIPELINE_CACHE_SIZE"
+MAX_WAITING_ENV = "WERK_MEDIA_MAX_WAITING"
+DEFAULT_MAX_WAITING = 8
+"""Requests that may wait for a busy worker (one runs at a time); one more is ``429``."""
+LOGGED_WAIT_SECONDS = 1.0
+"""A request that waited longer than this for the worker is logged (at warning level)."""
 START_TIMEOUT_SECONDS = 180.0
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
@@ -58,6 +66,18 @@ def cache_size() -> int:
     if not raw.isdigit():
         raise Unavailable(
             f"{CACHE_SIZE_ENV}={raw!r} is not a whole number >= 0",
+            capability=CapabilityId.MODEL_RESIDENCY,
+            retryable=False,
+        )
+    return int(raw)
+
+
+def max_waiting() -> int:
+    """How many requests may wait for a busy worker (:data:`MAX_WAITING_ENV`, default 8)."""
+    raw = os.environ.get(MAX_WAITING_ENV, str(DEFAULT_MAX_WAITING))
+    if not raw.isdigit():
+        raise Unavailable(
+            f"{MAX_WAITING_ENV}={raw!r} is not a whole number >= 0",
             capability=CapabilityId.MODEL_RESIDENCY,
             retryable=False,
         )
@@ -81,6 +101,7 @@ class MediaWorker:
         self.features: dict[str, dict[str, str]] = {}
         self._ids = itertools.count(1)
         self._lock = anyio.Lock()
+        self._last_execute_seconds = 1.0
         self._ended = False
         self._on_end: list[Callable[[], None]] = []
 
@@ -142,29 +163,62 @@ class MediaWorker:
     async def request(
         self, op: str, args: dict[str, Any], *, timeout: float = 600.0
     ) -> dict[str, Any]:
-        """One request; any failure ends the worker (see the module docstring)."""
+        """One request; any failure ends the worker (see the module docstring). An
+        ``execute`` waits for the one running (first come, first served) when fewer than
+        :func:`max_waiting` wait already; otherwise it is refused at once: ``429
+        resource_exhausted`` with a ``Retry-After`` of the last execution's duration."""
+        waiting = self._lock.statistics().tasks_waiting
+        if op == "execute" and self._lock.locked() and waiting >= max_waiting():
+            retry = max(1, round(self._last_execute_seconds))
+            raise ResourceExhausted(
+                f"the {self.kind} worker is busy and {waiting} request(s) already wait for it "
+                f"({MAX_WAITING_ENV}={max_waiting()}); retry in about {retry} s",
+                retry_after=retry,
+            )
+        queued = time.monotonic()
         async with self._lock:
-            if not self.alive():
-                raise WorkerGone(
-                    f"the {self.kind} worker is not running; the next request starts one"
+            waited = time.monotonic() - queued
+            if waited > LOGGED_WAIT_SECONDS:
+                log.warning(
+                    "%s request (%s) waited %.1f s for the %s worker (one request at a time)",
+                    op,
+                    self.kind,
+                    waited,
+                    self.kind,
                 )
-            request_id = f"r{next(self._ids)}"
-            frame = json.dumps({"v": TRANSPORT_VERSION, "id": request_id, "op": op, "args": args})
+            started = time.monotonic()
             try:
-                with anyio.fail_after(timeout):
-                    line = await anyio.to_thread.run_sync(
-                        self._exchange, (frame + "\n").encode(), abandon_on_cancel=True
-                    )
-            except TimeoutError:
-                await self.stop()
-                raise WerkTimeout(
-                    f"the {self.kind} worker did not answer {op} in {timeout:.0f}s"
-                ) from None
-            except BaseException:  # cancelled mid-request: its late reply must never be read
-                self.process.kill_now()
-                self._mark_ended()
-                raise
-            return await self._reply(op, request_id, line)
+                return await self._request_locked(op, args, timeout)
+            finally:
+                if op == "execute":
+                    self._last_execute_seconds = time.monotonic() - started
+
+    async def _request_locked(
+        self, op: str, args: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        """One request while holding the lock."""
+        if not self.alive():  # it ended while this request waited: nothing was sent
+            raise RuntimeEnded(
+                f"the {self.kind} worker ended before this request reached it",
+                capability=CapabilityId.MODEL_RESIDENCY,
+            )
+        request_id = f"r{next(self._ids)}"
+        frame = json.dumps({"v": TRANSPORT_VERSION, "id": request_id, "op": op, "args": args})
+        try:
+            with anyio.fail_after(timeout):
+                line = await anyio.to_thread.run_sync(
+                    self._exchange, (frame + "\n").encode(), abandon_on_cancel=True
+                )
+        except TimeoutError:
+            await self.stop()
+            raise WerkTimeout(
+                f"the {self.kind} worker did not answer {op} in {timeout:.0f}s"
+            ) from None
+        except BaseException:  # cancelled mid-request: its late reply must never be read
+            self.process.kill_now()
+            self._mark_ended()
+            raise
+        return await self._reply(op, request_id, line)
 
     async def _reply(self, op: str, request_id: str, line: bytes) -> dict[str, Any]:
         if not line:

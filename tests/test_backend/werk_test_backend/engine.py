@@ -44,6 +44,7 @@ __all__ = [
     "MAX_MODEL_BYTES",
     "Engine",
     "Weights",
+    "ended_file",
     "engine_of",
     "hold_file",
     "kill_file",
@@ -69,6 +70,12 @@ class Weights:
 def kill_file(model_file: Path) -> Path:
     """The file whose existence kills the runtime serving ``model_file``."""
     return model_file.with_name(model_file.name + ".kill")
+
+
+def ended_file(model_file: Path) -> Path:
+    """A file whose existence makes the next ``/v1`` call find its runtime ended before the
+    request reached it (``werk.RuntimeEnded``, once: the file is consumed)."""
+    return model_file.with_name(model_file.name + ".ended")
 
 
 def hold_file(model_file: Path) -> Path:

@@ -41,13 +41,14 @@ from werk import (
     PrefillCall,
     PrefillOutcome,
     Runtime,
+    RuntimeEnded,
     StateKind,
     hookimpl,
 )
 
 from . import kvstate
 from .decoder import FAIL_PREFILL, FAILURE_DETAIL, Generation, generate
-from .engine import BACKEND, CACHE_LAYOUT, Engine, engine_of, start, stop
+from .engine import BACKEND, CACHE_LAYOUT, Engine, ended_file, engine_of, start, stop
 from .kvstate import KVState, common_prefix, render_messages
 from .openai_compat import completion_body, parse_request, stream_chunks
 
@@ -314,6 +315,12 @@ async def werk_decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
 async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
     """Answer ``/v1`` chat and text completions with the same decoder as ``werk_decode``."""
     engine = engine_of(runtime)
+    ended = ended_file(engine.model_file)
+    if ended.exists():  # the runtime "ended" before this request reached it
+        ended.unlink(missing_ok=True)
+        engine.kill()
+        runtime.alive = False
+        raise RuntimeEnded(f"testkv runtime {runtime.generation} ended before the request")
     request = parse_request(call.route, call.body, runtime.model.id)
     if FAIL_PREFILL in request.text:
         raise RuntimeError(f"testkv: simulated prefill failure {FAILURE_DETAIL}")

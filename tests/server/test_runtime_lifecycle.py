@@ -1,6 +1,7 @@
-"""``werk ps`` and ``GET /werk/v1/runtimes`` while a model loads: the loading runtime is listed
-with its phase, for how long, and how many requests wait for it (a slow load is a testkv start
-held by ``<model file>.hold``)."""
+"""Runtimes coming and going under requests: ``werk ps`` and ``GET /werk/v1/runtimes`` while a
+model loads (listed with its phase, for how long, how many requests wait; a slow load is a
+testkv start held by ``<model file>.hold``), and a runtime that ended before a request reached
+it (``werk.RuntimeEnded``: the request goes to a fresh one)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def test_a_loading_model_is_listed_with_its_phase_and_waiting_requests(
                     return http.post("/v1/chat/completions", json=CHAT).status_code
 
             first = pool.submit(chat, 0)
-            listing = _wait_for(server, lambda r: r.loading, "a loading runtime")
+            listing = _wait_for(
+                server, lambda r: r.loading and r.loading[0].phase == "starting", "a start"
+            )
             [loading] = listing.loading
             assert (loading.model, loading.backend, loading.phase) == ("kv", "testkv", "starting")
             assert loading.waiting == 1 and listing.runtimes == []
@@ -76,3 +79,20 @@ def test_a_loading_model_is_listed_with_its_phase_and_waiting_requests(
     listing = _listing(server)
     assert listing.loading == [] and [r.model for r in listing.runtimes] == ["kv"]
     assert "Loading" not in _ps(server, tmp_path)
+
+
+def test_a_runtime_that_ended_before_the_request_is_replaced_and_the_request_answered(
+    spawn_server: SpawnServer,
+) -> None:
+    """A backend that raises ``werk.RuntimeEnded`` (nothing was sent) gets the request once
+    more on a fresh runtime: the client sees one 200, from a new generation."""
+    server = spawn_server()
+    model_file = server.home.parent / "kv.testkv"
+    with server.client() as http:
+        first = http.post("/v1/chat/completions", json=CHAT)
+        assert first.status_code == 200, first.text
+        model_file.with_name(model_file.name + ".ended").touch()
+        again = http.post("/v1/chat/completions", json=CHAT)
+        assert again.status_code == 200, again.text
+    assert again.json()["system_fingerprint"] != first.json()["system_fingerprint"]
+    assert not model_file.with_name(model_file.name + ".ended").exists()
