@@ -205,7 +205,7 @@ def serve(
     from ..memory.filecache import cache_release_enabled
     from ..models import ModelRegistry
     from ..plugins import get_plugin_manager
-    from ..state.principals import NamespaceKey, principal_for_api_key
+    from ..state.principals import NamespaceKey, output_link_secret, principal_for_api_key
 
     if not math.isfinite(header_timeout):  # click's FloatRange lets "nan" through
         raise typer.BadParameter(
@@ -249,6 +249,7 @@ def serve(
             keys,
             lambda k: principal_for_api_key(namespace_key, k),
             loopback_hosts_only=is_loopback_host(host),
+            link_secret=output_link_secret(namespace_key),
         )
         service = LocalControlService(
             pm,

@@ -10,6 +10,7 @@ import hmac
 from collections.abc import Callable, Sequence
 
 from ..protocol import AuthMode, Unauthenticated
+from .links import OutputLinks
 
 __all__ = ["Authenticator"]
 
@@ -21,6 +22,8 @@ class Authenticator:
 
     :param api_keys: the accepted keys; empty means unauthenticated local mode.
     :param derive_principal: maps an accepted key to its principal (HMAC under the namespace key).
+    :param link_secret: the secret output links are signed under (the namespace key, so links
+        outlive a restart); ``None``: a random one for this process.
     :param loopback_hosts_only: in unauthenticated mode, refuse requests whose ``Host`` is not a
         loopback name (DNS-rebinding defence). Only ``--insecure-no-auth`` on a non-loopback
         bind turns it off, since such a server is meant to be reached by other names.
@@ -32,8 +35,10 @@ class Authenticator:
         derive_principal: Callable[[str], str],
         *,
         loopback_hosts_only: bool = True,
+        link_secret: bytes | None = None,
     ) -> None:
         self._keys = [(key.encode(), derive_principal(key)) for key in api_keys if key]
+        self.links = OutputLinks(link_secret)
         self.mode = AuthMode.API_KEY if self._keys else AuthMode.UNAUTHENTICATED_LOCAL
         self.loopback_hosts_only = loopback_hosts_only
 

@@ -8,6 +8,7 @@ the stream started is sent as a final ``data: {"error": …}`` event (the status
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import logging
 import wave
@@ -26,6 +27,7 @@ from ..control.interface import WerkControl
 from ..protocol import (
     BackendError,
     InvalidRequest,
+    JobDeleted,
     JobRecord,
     JobRequest,
     NotFound,
@@ -192,8 +194,24 @@ _T = TypeVar("_T")
 log = logging.getLogger("werk.http")
 
 
-def _accepted(record: JobRecord) -> Response:
-    return Response(encode(record), 202, media_type="application/json")
+Linker = Callable[[str], str]
+"""Turns an output's relative URL into the absolute, signed link for this request's caller."""
+
+
+def _linker(request: Request, principal: str, auth: Authenticator) -> Linker:
+    return functools.partial(auth.links.absolute, request, principal)
+
+
+def _linked(record: JobRecord, link: Linker) -> JobRecord:
+    """``record`` with its output's URL as a signed, absolute link."""
+    if record.output is None:
+        return record
+    output = msgspec.structs.replace(record.output, url=link(record.output.url))
+    return msgspec.structs.replace(record, output=output)
+
+
+def _accepted(record: JobRecord, link: Linker) -> Response:
+    return Response(encode(_linked(record, link)), 202, media_type="application/json")
 
 
 _JOB_REQUESTS: dict[str, type[ImageGenerationRequest] | type[SpeechRequest]] = {
@@ -202,7 +220,7 @@ _JOB_REQUESTS: dict[str, type[ImageGenerationRequest] | type[SpeechRequest]] = {
 }
 
 
-def _job_page(request: Request, records: list[JobRecord]) -> Response:
+def _job_page(request: Request, records: list[JobRecord], link: Linker) -> Response:
     """``GET /v1/jobs``: the caller's jobs, oldest first; ``limit`` (1..1000) and ``cursor``
     cut a page (``has_more``, ``next_cursor``)."""
     unknown = sorted(set(request.query_params) - {"limit", "cursor"})
@@ -211,6 +229,7 @@ def _job_page(request: Request, records: list[JobRecord]) -> Response:
     limit = parse_limit(request.query_params.get("limit"))
     after = decode_cursor(request.query_params.get("cursor"))
     page, cursor = page_after(records, _job_key, limit, after)
+    page = [_linked(record, link) for record in page]
     body = {"object": "list", "data": page, "has_more": cursor is not None, "next_cursor": cursor}
     return Response(encode(body), 200, media_type="application/json")
 
@@ -225,12 +244,14 @@ def _job_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
     async def submit_or_list(request: Request) -> Response:
         try:
             principal = admit(request, auth)
+            link = _linker(request, principal, auth)
             if request.method == "GET":
-                return _job_page(request, await control.jobs(principal))
+                return _job_page(request, await control.jobs(principal), link)
             job = await read_struct(request, JobRequest, MEDIA_REQUEST_BODY)
             parsed = decode_body(msgspec.json.encode(job.request), _JOB_REQUESTS[job.kind])
             parsed.validate()
-            return _accepted(await control.submit_job(principal, job.kind, _backend_body(parsed)))
+            record = await control.submit_job(principal, job.kind, _backend_body(parsed))
+            return _accepted(record, link)
         except Exception as exc:
             return error_response(request, exc)
 
@@ -238,18 +259,23 @@ def _job_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
         try:
             principal = admit(request, auth)
             job_id = request.path_params["job_id"]
+            answer: JobRecord | JobDeleted
             if request.method == "DELETE":
-                record = await control.cancel_job(principal, job_id)
+                answer = await control.cancel_job(principal, job_id)
             else:
-                record = await control.job(principal, job_id)
-            return Response(encode(record), 200, media_type="application/json")
+                answer = await control.job(principal, job_id)
+            if isinstance(answer, JobRecord):
+                answer = _linked(answer, _linker(request, principal, auth))
+            return Response(encode(answer), 200, media_type="application/json")
         except Exception as exc:
             return error_response(request, exc)
 
     async def output(request: Request) -> Response:
+        """An output, for its owner's API key or a signed link (:mod:`werk.http.links`)."""
         try:
-            principal = admit(request, auth)
-            data, content_type = await control.job_output(principal, request.path_params["id"])
+            output_id = request.path_params["id"]
+            principal = auth.links.principal(request, output_id) or admit(request, auth)
+            data, content_type = await control.job_output(principal, output_id)
             return Response(data, 200, media_type=content_type)
         except Exception as exc:
             return error_response(request, exc)
@@ -261,11 +287,23 @@ def _job_routes(control: WerkControl, auth: Authenticator) -> list[Route]:
     ]
 
 
-def _json_answer(reply: OpenAIReply) -> Response:
-    return Response(encode(reply.body), 200, media_type="application/json")
+def _json_answer(reply: OpenAIReply, link: Linker) -> Response:
+    """A JSON reply; an image stored as an output (``response_format: url``) is answered with
+    its signed, absolute link."""
+    body = reply.body
+    data = body.get("data") if isinstance(body, dict) else None
+    if isinstance(data, list) and any(isinstance(i, dict) and "url" in i for i in data):
+        linked = [
+            {**item, "url": link(item["url"])}
+            if isinstance(item, dict) and isinstance(item.get("url"), str)
+            else item
+            for item in data
+        ]
+        body = {**body, "data": linked}  # type: ignore[dict-item]
+    return Response(encode(body), 200, media_type="application/json")
 
 
-def _file_answer(reply: OpenAIReply) -> Response:
+def _file_answer(reply: OpenAIReply, link: Linker) -> Response:
     if reply.content is None or reply.media_type is None:
         raise BackendError("the backend answered without the file it was asked for")
     return Response(reply.content, 200, media_type=reply.media_type)
@@ -276,7 +314,7 @@ def _media_route(
     auth: Authenticator,
     kind: Literal["images.generations", "audio.speech", "classifications"],
     request_type: type[MediaRequest],
-    answer: Callable[[OpenAIReply], Response],
+    answer: Callable[[OpenAIReply, Linker], Response],
 ) -> Callable[[Request], Awaitable[Response]]:
     """``POST /v1/images/generations``, ``/v1/audio/speech`` and ``/v1/classifications``:
     validated here (every bound), then to the backend — or, with ``"async": true`` (images and
@@ -288,10 +326,11 @@ def _media_route(
             parsed = await read_struct(request, request_type, MEDIA_REQUEST_BODY)
             parsed.validate()
             body = _backend_body(parsed)
+            link = _linker(request, principal, auth)
             if getattr(parsed, "as_job", False):
-                return _accepted(await control.submit_job(principal, kind, body))
+                return _accepted(await control.submit_job(principal, kind, body), link)
             reply = await while_connected(request, control.openai_request(principal, kind, body))
-            return answer(reply)
+            return answer(reply, link)
         except Exception as exc:
             return error_response(request, exc)
 
@@ -438,7 +477,8 @@ def _image_edit_route(
             body: dict[str, Any] = msgspec.to_builtins(parsed)
             body["image_b64"] = base64.b64encode(image).decode("ascii")
             work = control.openai_request(principal, "images.edits", body)
-            return _json_answer(await while_connected(request, work))
+            reply = await while_connected(request, work)
+            return _json_answer(reply, _linker(request, principal, auth))
         except Exception as exc:
             return error_response(request, exc)
 

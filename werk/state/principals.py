@@ -67,6 +67,7 @@ DOMAIN_PROMPT_KEY = b"werk/prompt-key/v1"
 DOMAIN_PROMPT = b"werk/prompt/v1"
 DOMAIN_HANDOFF = b"werk/handoff/v1"
 DOMAIN_CACHE_SALT = b"werk/cache-salt/v1"
+DOMAIN_OUTPUT_LINKS = b"werk/output-links/v1"
 
 _AUTH_DIR = "auth"
 _KEY_FILE = "runtime-namespace.key"
@@ -244,6 +245,12 @@ def cache_salt(key: NamespaceKey, principal: str) -> str:
     characters): the same principal always gets the same salt, and without the namespace key
     nobody can compute another principal's."""
     return key._derive(DOMAIN_CACHE_SALT, principal.encode("utf-8")).hex()[:32]
+
+
+def output_link_secret(key: NamespaceKey) -> bytes:
+    """The secret that signs output download links (:mod:`werk.http.links`): derived from the
+    namespace key, so links outlive a restart and end with the key."""
+    return key._derive(DOMAIN_OUTPUT_LINKS)
 
 
 def handoff_hash(key: NamespaceKey, token: str) -> str:

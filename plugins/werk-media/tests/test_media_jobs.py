@@ -66,7 +66,8 @@ def test_an_async_speech_job_runs_to_a_downloadable_wav_private_to_its_key(
         done = _wait(server, job["id"], "completed", "failed")
         assert done["status"] == "completed", done
         output = done["output"]
-        assert output["url"] == f"/v1/outputs/{output['id']}"
+        path = f"/v1/outputs/{output['id']}"
+        assert output["url"].startswith(f"{server.base_url}{path}?principal=")  # a signed link
         assert output["content_type"] == "audio/wav"
         audio = _get(server, output["url"])
         assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
@@ -76,7 +77,7 @@ def test_an_async_speech_job_runs_to_a_downloadable_wav_private_to_its_key(
         assert _get(server, f"/werk/v1/jobs/{job['id']}").json()["status"] == "completed"
         # Another API key sees none of it.
         assert _get(server, f"/v1/jobs/{job['id']}", OTHER_KEY).status_code == 404
-        assert _get(server, output["url"], OTHER_KEY).status_code == 404
+        assert _get(server, path, OTHER_KEY).status_code == 404
         assert _get(server, f"/werk/v1/jobs/{job['id']}", OTHER_KEY).status_code == 404
         assert _get(server, "/v1/jobs", OTHER_KEY).json()["data"] == []
 
@@ -127,8 +128,13 @@ def test_a_restart_fails_the_interrupted_job_and_keeps_the_finished_one(
             "message": "interrupted by a server restart",
         }
         kept = _get(again, f"/v1/jobs/{finished['id']}").json()
+        link = finished["output"].pop("url")
+        assert kept["output"].pop("url").startswith(again.base_url)
         assert kept == finished
-        audio = _get(again, finished["output"]["url"])
+        # The link signed before the restart still opens the output, without a key.
+        moved = link.replace(server.base_url, again.base_url)
+        with httpx.Client(timeout=60) as browser:
+            audio = browser.get(moved)
         assert audio.status_code == 200 and len(audio.content) == finished["output"]["bytes"]
 
 

@@ -18,6 +18,7 @@ import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -108,21 +109,31 @@ def test_out_of_bounds_requests_are_refused_with_typed_errors(
 
 
 def test_response_format_url_stores_each_image_as_a_private_output(served: WerkServer) -> None:
+    """Each image is kept as a finished job's output and answered as an absolute, signed,
+    expiring link a browser can open without a header; the bare path needs the owner's key."""
     inline, _ = png_of(generate(served, seed=5))
     (single,) = generate(served, seed=5, response_format="url").json()["data"]
     answer = generate(served, seed=5, n=2, response_format="url")
     assert answer.status_code == 200, answer.text
     urls = [item["url"] for item in answer.json()["data"]]
-    assert len(urls) == 2 and all(u.startswith("/v1/outputs/out_") for u in urls)
-    with served.client(KEY, timeout=60) as http:
-        stored = http.get(single["url"])
+    paths = [urlsplit(u).path for u in urls]
+    assert len(urls) == 2 and all(u.startswith(f"{served.base_url}/v1/outputs/out_") for u in urls)
+    with httpx.Client(timeout=60) as browser:  # no Authorization header at all
+        stored = browser.get(single["url"])
         assert stored.status_code == 200 and stored.headers["content-type"] == "image/png"
         assert stored.content == inline  # the same request and seed: the same bytes
-        assert all(http.get(url).content.startswith(b"\x89PNG") for url in urls)
-        listed = {j["output"]["url"] for j in http.get("/v1/jobs").json()["data"] if j["output"]}
-        assert set(urls) <= listed  # kept as finished jobs: retention and `werk cache` apply
+        assert all(browser.get(url).content.startswith(b"\x89PNG") for url in urls)
+        moved = browser.get(urls[0].replace(paths[0], paths[1]))  # the link names one output
+        assert moved.status_code == 401, moved.text
+    with served.client(KEY, timeout=60) as http:
+        assert http.get(paths[0]).content.startswith(b"\x89PNG")  # the key still works
+        jobs = http.get("/v1/jobs").json()["data"]
+        listed = {urlsplit(j["output"]["url"]).path for j in jobs if j["output"]}
+        assert set(paths) <= listed  # kept as finished jobs: retention and `werk cache` apply
     with served.client(OTHER_KEY, timeout=60) as other:
-        assert other.get(urls[0]).status_code == 404
+        assert other.get(paths[0]).status_code == 404
+    with served.client(timeout=60) as anonymous:
+        assert anonymous.get(paths[0]).status_code == 401
 
 
 def _edit(server: WerkServer, image: bytes, **fields: str) -> httpx.Response:
