@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ OWN_COMMAND_MODULES: dict[str, str] = {
     "cache": "cache",
     "capabilities": "local",
     "chat": "chat",
+    "completion": "completion",
     "jobs": "jobs",
     "models": "models",
     "plugins": "local",
@@ -80,6 +82,9 @@ def main() -> None:
     The cyclic garbage collector is paused until the command has started
     (:mod:`werk.cli._gc`)."""
     _gc.pause()
+    if "_WERK_COMPLETE" in os.environ:  # the completion script asks for candidates
+        _complete()
+        return
     name = sys.argv[1] if len(sys.argv) > 1 else ""
     module = OWN_COMMAND_MODULES.get(name)
     if module is None or name in PLUGIN_EXTENSIBLE:
@@ -96,6 +101,24 @@ def main() -> None:
         root()
         return
     _alone(name, module)
+
+
+def _complete() -> None:
+    """Answer the shell completion script (``werk completion SHELL``) from the whole tree,
+    plugin commands included. Click's own ``_WERK_COMPLETE=bash_source`` (``zsh_source``,
+    ``fish_source``) prints the script, as ``werk completion SHELL`` does."""
+    from typer._completion_classes import completion_init
+
+    shell, _, instruction = os.environ["_WERK_COMPLETE"].partition("_")
+    if instruction == "source" and shell in ("bash", "zsh", "fish"):
+        from typer._completion_shared import get_completion_script
+
+        print(get_completion_script(prog_name="werk", complete_var="_WERK_COMPLETE", shell=shell))
+        return
+    completion_init()
+    root = _whole_tree()
+    register_plugin_commands()
+    root()
 
 
 def _plugins_may_add_commands(name: str, sub: list[str]) -> bool:
