@@ -50,8 +50,10 @@ demo: llama-server
 
 PORT ?= 11434
 
+# Serves every imported model (demo included), each loaded on its first request; a model
+# imported while it runs is served at once.
 serve: demo
-	$(BIN)/werk serve --model demo --port $(PORT)
+	$(BIN)/werk serve --port $(PORT)
 
 lint: setup
 	$(BIN)/ruff check .

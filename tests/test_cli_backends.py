@@ -85,6 +85,15 @@ def test_list_install_and_list_again(site: Path, tiny_wheel: Path, werk_home: Pa
     assert "[4/4] publish" in done.stderr
     assert done.stdout.startswith(f"installed tiny in {werk_home}/backends/tiny/venv")
     assert listed()["tiny"]["state"] == "ready"
+    again = run("backends", "install", "tiny", home=werk_home, site=site, wheel=tiny_wheel)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("tiny is installed and current in ")
+    assert "--force rebuilds it" in again.stdout and "[1/4]" not in again.stderr
+    forced = run(
+        "backends", "install", "tiny", "--force", home=werk_home, site=site, wheel=tiny_wheel
+    )
+    assert forced.returncode == 0 and "[4/4] publish" in forced.stderr
+    assert listed()["tiny"]["state"] == "ready"
 
 
 def test_install_of_an_unknown_environment_names_the_known_ones(

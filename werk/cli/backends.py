@@ -117,20 +117,28 @@ def install(
     name: str = typer.Argument(
         ..., metavar="NAME", help="The environment (see `werk backends list`)."
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Rebuild NAME even when it is installed and current."
+    ),
     if_needed: bool = typer.Option(
-        False, "--if-needed", help="Do nothing when NAME is already installed for its current spec."
+        True,
+        "--if-needed",
+        hidden=True,
+        help="Kept for scripts: doing nothing for a current environment is the default.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Create (or replace) the managed environment NAME: a new virtual environment, pip
-    install, removals, an import check, then an atomic switch. Steps are shown as they run;
-    pip's full output goes to WERK_HOME/backends/NAME/install.log. A failure leaves the previous
-    environment in place."""
+    """Create the managed environment NAME (or replace one that is missing, outdated or
+    broken): a new virtual environment, pip install, removals, an import check, then an atomic
+    switch. An environment that is installed and current is left alone (--force rebuilds it).
+    Steps are shown as they run; pip's full output goes to WERK_HOME/backends/NAME/install.log.
+    A failure leaves the previous environment in place."""
     from ..config import werk_home
     from ..environments import EnvironmentState, ManagedEnvironment
     from ..plugins import get_plugin_manager
 
     printer = _StepPrinter()
+    current = False
     with reporting_errors(as_json):
         specs = environment_specs(get_plugin_manager())
         if name not in specs:
@@ -140,7 +148,8 @@ def install(
             )
         environment = ManagedEnvironment(werk_home(), name)
         status = environment.status(specs[name][1])
-        if not (if_needed and status.state is EnvironmentState.READY):
+        current = status.state is EnvironmentState.READY and not force
+        if not current:
             try:
                 status = environment.install(specs[name][1], progress=printer)
             finally:
@@ -153,6 +162,12 @@ def install(
                 "path": str(status.path),
                 "distributions": dict(status.distributions),
             }
+        )
+        return
+    if current:
+        typer.echo(
+            f"{name} is installed and current in {status.path} "
+            f"({len(status.distributions)} distributions); --force rebuilds it"
         )
         return
     typer.echo(f"installed {name} in {status.path} ({len(status.distributions)} distributions)")

@@ -60,7 +60,7 @@ class ServedModels:
             try:
                 return self._fixed[model]
             except KeyError:
-                raise NotFound(f"model {model!r} is not served here") from None
+                raise NotFound(f"model {model!r} is not served here", param="model") from None
         spec = self._from_registry(self._registry, model)
         if spec is None:
             raise NotFound(
