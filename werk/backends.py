@@ -9,6 +9,7 @@ file, or an external connector key. The host accounts for state and moves it; it
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -112,6 +113,25 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     files: tuple[Path, ...] = ()
     options: dict[str, Any] = msgspec.field(default_factory=dict)
     persistence: PersistenceDefaults | None = None
+
+    def __post_init__(self) -> None:
+        """``files`` given as ``str`` (or any ``os.PathLike``), or as a list, become a tuple of
+        ``Path``; anything else is refused here, naming the field, rather than failing later in
+        the host."""
+        if isinstance(self.files, str | os.PathLike):
+            raise TypeError("ModelSpec.files must be a sequence of paths, not one path")
+        converted = []
+        for item in self.files:
+            if not isinstance(item, str | os.PathLike):
+                raise TypeError(
+                    f"ModelSpec.files must hold paths (pathlib.Path or str), not "
+                    f"{type(item).__name__}: {item!r}"
+                )
+            converted.append(item if isinstance(item, Path) else Path(item))
+        if not isinstance(self.files, tuple) or any(
+            a is not b for a, b in zip(converted, self.files, strict=True)
+        ):
+            msgspec.structs.force_setattr(self, "files", tuple(converted))
 
 
 MAX_REQUIREMENT_BYTES = 1 << 50

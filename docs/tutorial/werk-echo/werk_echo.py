@@ -123,7 +123,7 @@ async def _probe(runtime: Runtime) -> None:
 def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
     register(
         BackendDescriptor(
-            name=BACKEND, formats=("text",), description="tutorial backend", start=start, stop=stop
+            name=BACKEND, formats=("txt",), description="tutorial backend", start=start, stop=stop
         )
     )
 
