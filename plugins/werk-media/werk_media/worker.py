@@ -61,27 +61,26 @@ class WorkerGone(BackendError):
     """The worker failed or exited during a request; the next request starts a new one."""
 
 
-def cache_size() -> int:
-    raw = os.environ.get(CACHE_SIZE_ENV, "1")
+def _whole_number(name: str, default: int) -> int:
+    """The environment variable ``name`` as a whole number >= 0 (``default`` when unset)."""
+    raw = os.environ.get(name, str(default))
     if not raw.isdigit():
         raise Unavailable(
-            f"{CACHE_SIZE_ENV}={raw!r} is not a whole number >= 0",
+            f"{name}={raw!r} is not a whole number >= 0",
             capability=CapabilityId.MODEL_RESIDENCY,
             retryable=False,
         )
     return int(raw)
+
+
+def cache_size() -> int:
+    """Pipelines each worker keeps (:data:`CACHE_SIZE_ENV`, default 1)."""
+    return _whole_number(CACHE_SIZE_ENV, 1)
 
 
 def max_waiting() -> int:
     """How many requests may wait for a busy worker (:data:`MAX_WAITING_ENV`, default 8)."""
-    raw = os.environ.get(MAX_WAITING_ENV, str(DEFAULT_MAX_WAITING))
-    if not raw.isdigit():
-        raise Unavailable(
-            f"{MAX_WAITING_ENV}={raw!r} is not a whole number >= 0",
-            capability=CapabilityId.MODEL_RESIDENCY,
-            retryable=False,
-        )
-    return int(raw)
+    return _whole_number(MAX_WAITING_ENV, DEFAULT_MAX_WAITING)
 
 
 class MediaWorker:
@@ -168,11 +167,12 @@ class MediaWorker:
         :func:`max_waiting` wait already; otherwise it is refused at once: ``429
         resource_exhausted`` with a ``Retry-After`` of the last execution's duration."""
         waiting = self._lock.statistics().tasks_waiting
-        if op == "execute" and self._lock.locked() and waiting >= max_waiting():
+        bound = max_waiting() if op == "execute" and self._lock.locked() else None
+        if bound is not None and waiting >= bound:
             retry = max(1, round(self._last_execute_seconds))
             raise ResourceExhausted(
                 f"the {self.kind} worker is busy and {waiting} request(s) already wait for it "
-                f"({MAX_WAITING_ENV}={max_waiting()}); retry in about {retry} s",
+                f"({MAX_WAITING_ENV}={bound}); retry in about {retry} s",
                 retry_after=retry,
             )
         queued = time.monotonic()
