@@ -101,3 +101,16 @@ def test_the_guide_lists_exactly_the_public_names() -> None:
     quoted = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", table))
     hooks = {n for n in quoted if n.startswith("werk_") and n != "werk_home"}  # explanations
     assert quoted - hooks == set(werk.__all__)
+
+
+def test_the_value_tables_are_the_classes_fields() -> None:
+    """The guide's field tables equal what ``tests/_value_tables.py`` renders from the classes
+    (every field, its declared type and default, its ``:ivar`` meaning); regenerate with
+    ``python tests/_value_tables.py --write``."""
+    import _value_tables
+
+    text = GUIDE.read_text(encoding="utf-8")
+    assert _value_tables.section_of(text) == _value_tables.render()
+    for _group, names in _value_tables.VALUE_CLASSES:
+        for name in names:
+            assert name in werk.__all__, name

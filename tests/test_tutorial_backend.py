@@ -1,76 +1,121 @@
-"""The tutorial backend of docs/plugins.md (``docs/tutorial/werk-echo``), as a user gets it.
+"""``werk plugins new`` in a clean venv holding only the ``werk`` wheel, as a plugin author
+gets it: the guide's tutorial backend, renamed.
 
-The listings in docs/plugins.md must be the tutorial's files byte for byte, so the docs cannot
-drift from what is tested. The tutorial is then built from those files into a wheel and
-installed, with only the ``werk`` wheel, into a fresh venv that cannot see the repository; there
-the documented one-liner ``python -m werk.testing --backend echo`` must pass, the plugin's rows
-must join the matrix with the host's ``unsupported`` rows for what it lacks, and a copy of the
-tutorial that over-claims ``runtime.state.restore`` while its restore is broken must make the kit
-fail naming that row.
+The listings in docs/plugins.md must be ``werk plugins new echo``'s files byte for byte, so the
+docs cannot drift from what is tested. Then, in a fresh venv that cannot see the repository:
+``werk plugins new acme`` → ``pip install -e './acme[test]'`` → ``python -m werk.testing
+--backend acme`` exits 0, and the plugin's own test passes under pytest. Editing the editable
+install breaks it on purpose, one way at a time: an over-claimed restore, a ``tier.ram`` claim
+the host lowers (a warning; ``--strict`` fails) and a ``cross_restart`` claim whose snapshots
+only the generation that wrote them can read; the kit must say which claim is wrong.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _venvs import REPO_ROOT, CleanVenv, build_wheel, create_venv, shared_clean_venv
+from _venvs import REPO_ROOT, CleanVenv, create_venv, shared_clean_venv
 
-TUTORIAL = REPO_ROOT / "docs" / "tutorial" / "werk-echo"
+from werk.plugin_template import render_plugin
+
 PLUGINS_MD = REPO_ROOT / "docs" / "plugins.md"
-DIST = "werk-echo"
+NAME = "acme"
+DIST = "werk-acme"
 
-# The over-claim: restore loses the text, and the rows say experimental whatever the probe found.
 BROKEN_RESTORE = ("    return _state(runtime, data.decode())", '    return _state(runtime, "")')
 OVER_CLAIM = (
     "    status, reason = _state_status(context)",
     '    status, reason = CapabilityStatus.EXPERIMENTAL, "trust me"',
 )
+RAM_CLAIM = ("STATE_ROWS = (\n", "STATE_ROWS = (\n    CapabilityId.STATE_TIER_RAM,\n")
+CROSS_CLAIM = (
+    "STATE_ROWS = (\n",
+    "STATE_ROWS = (\n    CapabilityId.STATE_RESTORE_CROSS_RESTART,\n",
+)
+# Snapshots keyed by the runtime generation: readable only by the process that wrote them.
+GENERATION_KEYED = (
+    (
+        "hashlib.sha256(data).digest() + data",
+        "hashlib.sha256(data + _key(runtime)).digest() + data",
+    ),
+    (
+        "hashlib.sha256(data).digest() != digest",
+        "hashlib.sha256(data + _key(runtime)).digest() != digest",
+    ),
+    (
+        "def _prompt(",
+        "def _key(runtime: Runtime) -> bytes:\n"
+        "    return runtime.generation.encode()\n\n\n"
+        "def _prompt(",
+    ),
+)
 
 
 def _listings() -> dict[str, str]:
-    """``{file name: listing}`` for every "`docs/tutorial/werk-echo/NAME`:" block in the guide."""
+    """``{file name: listing}`` for every "`echo/NAME`:" block in the guide."""
     text = PLUGINS_MD.read_text(encoding="utf-8")
-    pattern = re.compile(
-        r"^`docs/tutorial/werk-echo/([^`]+)`:\n\n```[a-z]*\n(.*?)^```$", re.M | re.S
-    )
+    pattern = re.compile(r"^`echo/([^`]+)`:\n\n```[a-z]*\n(.*?)^```$", re.M | re.S)
     return {m.group(1): m.group(2) for m in pattern.finditer(text)}
 
 
-def test_the_guide_lists_the_tutorial_files_exactly() -> None:
+def test_the_guide_lists_the_template_files_exactly() -> None:
     listings = _listings()
-    files = sorted(p.name for p in TUTORIAL.iterdir() if p.suffix in (".py", ".toml"))
-    assert sorted(listings) == files == ["pyproject.toml", "werk_echo.py"]
+    files = render_plugin("echo")
+    assert sorted(listings) == ["pyproject.toml", "tests/test_werk_echo.py", "werk_echo.py"]
     for name, listing in listings.items():
-        assert listing == (TUTORIAL / name).read_text(encoding="utf-8"), f"{name} drifted"
+        assert listing == files[name], f"{name} drifted from `werk plugins new echo`"
 
 
-# -- installed from wheels -------------------------------------------------------------------------
+# -- in a clean venv with only the werk wheel ----------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CleanVenv]:
-    """A venv with exactly the ``werk`` wheel and the tutorial's wheel."""
+    """A venv with the ``werk`` wheel, then ``werk plugins new acme`` installed editable."""
     shared = shared_clean_venv(tmp_path_factory)  # builds (and reuses) the werk wheel
-    wheel = build_wheel(TUTORIAL, tmp_path_factory.mktemp("echo-dist") / "dist")
-    yield create_venv(
-        tmp_path_factory.mktemp("echo-venv"), {"werk": shared.wheels["werk"], DIST: wheel}
-    )
+    env = create_venv(tmp_path_factory.mktemp("acme-venv"), {"werk": shared.wheels["werk"]})
+    made = env.run(env.bin / "werk", "plugins", "new", NAME)
+    assert f"Wrote plugin {DIST}" in made.stdout, made.stdout
+    env.pip("install", "-e", f"./{NAME}[test]")
+    yield env
 
 
-def _kit(venv: CleanVenv) -> tuple[int, str]:
-    result = venv.run(venv.python, "-m", "werk.testing", "--backend", "echo", check=False)
+def _module(venv: CleanVenv) -> Path:
+    return venv.workdir / NAME / "werk_acme.py"
+
+
+def _kit(venv: CleanVenv, *args: str) -> tuple[int, str]:
+    result = venv.run(venv.python, "-m", "werk.testing", "--backend", NAME, *args, check=False)
     return result.returncode, result.stdout + result.stderr
 
 
+class _Edited:
+    """The editable plugin's module with replacements applied, restored afterwards."""
+
+    def __init__(self, venv: CleanVenv, *replacements: tuple[str, str]) -> None:
+        self.path = _module(venv)
+        self.original = self.path.read_text(encoding="utf-8")
+        self.replacements = replacements
+
+    def __enter__(self) -> None:
+        source = self.original
+        for old, new in self.replacements:
+            assert source.count(old) == 1, old
+            source = source.replace(old, new)
+        self.path.write_text(source, encoding="utf-8")
+
+    def __exit__(self, *exc: object) -> None:
+        self.path.write_text(self.original, encoding="utf-8")
+
+
 @pytest.mark.slow
-def test_only_werk_and_the_tutorial_are_installed(venv: CleanVenv) -> None:
+def test_a_new_plugin_installs_and_passes_the_kit(venv: CleanVenv) -> None:
     rows = venv.werk_json("plugins")["plugins"]
-    assert [(r["name"], r["status"], r["backends"]) for r in rows] == [(DIST, "loaded", ["echo"])]
+    assert [(r["name"], r["status"], r["backends"]) for r in rows] == [(DIST, "loaded", [NAME])]
     assert rows[0]["hooks"] == [
         "werk_capabilities",
         "werk_decode",
@@ -80,53 +125,83 @@ def test_only_werk_and_the_tutorial_are_installed(venv: CleanVenv) -> None:
         "werk_restore",
         "werk_snapshot",
     ]
-
-
-@pytest.mark.slow
-def test_the_documented_one_liner_passes(venv: CleanVenv) -> None:
-    code, output = _kit(venv)
+    code, output = _kit(venv, "--strict")
     assert code == 0, output
     assert re.search(r"^  \d+ passed, 0 failed$", output, re.M), output
-    for check in ("restore", "corrupted restore refused", "claim runtime.state.restore"):
+    for check in (
+        "restore",
+        "corrupted restore refused",
+        "decode stop",
+        "auto retention",
+        "runtime restart",
+        "/v1 text completion",
+        "claim runtime.state.restore experimental",
+        "claim runtime.pd.decode experimental",
+    ):
         assert f"PASS  {check}" in output, output
 
 
 @pytest.mark.slow
-def test_the_host_reports_what_the_tutorial_lacks(venv: CleanVenv) -> None:
-    rows: list[dict[str, Any]] = venv.werk_json("capabilities")["capabilities"]
-    echo = {r["id"]: r for r in rows if r["backend"] == "echo"}
-    assert echo["runtime.model_residency"]["status"] == "supported"
-    assert echo["runtime.state.restore"]["status"] == "unavailable"  # no runtime in the CLI
-    experts = echo["runtime.experts.residency"]
-    assert experts["status"] == "unsupported"
-    assert experts["reason"] == (
-        "backend 'echo' implements no werk_observe_experts or werk_move_experts hook"
-    )
-    assert echo["runtime.state.tier.ram"]["status"] == "unsupported"
+def test_the_new_plugins_own_test_passes(venv: CleanVenv) -> None:
+    result = venv.run(venv.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", NAME)
+    assert re.search(r"^1 passed", result.stdout, re.M), result.stdout
 
 
 @pytest.mark.slow
-def test_an_over_claiming_copy_fails_the_kit_naming_the_row(
-    venv: CleanVenv, tmp_path: Path
-) -> None:
-    broken = tmp_path / "werk-echo"
-    shutil.copytree(TUTORIAL, broken)
-    module = broken / "werk_echo.py"
-    source = module.read_text(encoding="utf-8")
-    for old, new in (BROKEN_RESTORE, OVER_CLAIM):
-        assert source.count(old) == 1, old
-        source = source.replace(old, new)
-    module.write_text(source, encoding="utf-8")
-    wheel = build_wheel(broken, tmp_path / "dist")
-    venv.pip("install", "--no-deps", "--force-reinstall", wheel)
-    try:
+def test_the_host_reports_what_the_plugin_lacks(venv: CleanVenv) -> None:
+    rows: list[dict[str, Any]] = venv.werk_json("capabilities")["capabilities"]
+    mine = {r["id"]: r for r in rows if r["backend"] == NAME}
+    assert mine["runtime.model_residency"]["status"] == "supported"
+    assert mine["runtime.state.restore"]["status"] == "unavailable"  # no runtime in the CLI
+    experts = mine["runtime.experts.residency"]
+    assert experts["status"] == "unsupported"
+    assert experts["reason"] == (
+        f"backend {NAME!r} implements no werk_observe_experts or werk_move_experts hook"
+    )
+    assert mine["runtime.state.tier.ram"]["status"] == "unsupported"
+
+
+@pytest.mark.slow
+def test_an_over_claimed_restore_fails_the_kit_naming_the_row(venv: CleanVenv) -> None:
+    with _Edited(venv, BROKEN_RESTORE, OVER_CLAIM):
         code, output = _kit(venv)
-    finally:
-        venv.pip("install", "--no-deps", "--force-reinstall", venv.wheels[DIST])
     assert code == 1, output
     assert re.search(
         r"^  FAIL  claim runtime\.state\.restore experimental: not proven", output, re.M
-    )
+    ), output
     assert "FAIL  restore" in output
-    # Restored from the good wheel: the kit passes again.
-    assert _kit(venv)[0] == 0
+    assert _kit(venv)[0] == 0  # the file is restored: the kit passes again
+
+
+@pytest.mark.slow
+def test_a_ram_tier_claim_the_host_lowers_is_a_warning_and_fails_strict(venv: CleanVenv) -> None:
+    with _Edited(venv, RAM_CLAIM):
+        code, output = _kit(venv)
+        strict, strict_output = _kit(venv, "--strict")
+    assert code == 0, output
+    assert re.search(
+        r"^  WARN  host lowered runtime\.state\.tier\.ram: the plugin claims experimental, "
+        r"the host reports unsupported",
+        output,
+        re.M,
+    ), output
+    assert re.search(r"^  \d+ passed, 0 failed, 1 warning$", output, re.M), output
+    assert strict == 1, strict_output
+
+
+@pytest.mark.slow
+def test_a_cross_restart_claim_without_the_ability_fails_naming_the_claim(
+    venv: CleanVenv,
+) -> None:
+    with _Edited(venv, CROSS_CLAIM, *GENERATION_KEYED):
+        code, output = _kit(venv)
+    assert code == 1, output
+    assert re.search(
+        r"^  FAIL  claim runtime\.state\.restore\.cross_restart experimental: not proven: "
+        r"cross-restart restore did not pass",
+        output,
+        re.M,
+    ), output
+    assert re.search(r"^  FAIL  cross-restart restore: ", output, re.M), output
+    # Within one generation the keyed snapshots still work: only the cross-restart claim fails.
+    assert "PASS  restored continuation" in output

@@ -84,6 +84,7 @@ if TYPE_CHECKING:
         get_plugin_manager,
     )
     from .ports import free_port, listens_on
+    from .probes import StateProbe, probe_state_hooks
     from .protocol import (
         BackendError,
         CapabilityId,
@@ -135,6 +136,8 @@ if TYPE_CHECKING:
 
 _HOME: dict[str, str] = {
     "PageRange": ".memory.prepare",
+    "StateProbe": ".probes",
+    "probe_state_hooks": ".probes",
     "PreparedPages": ".memory.prepare",
     "host_budget": ".memory.prepare",
     "prepare_pages_async": ".memory.prepare",
@@ -310,6 +313,7 @@ __all__ = [
     "RuntimeEnded",
     "RuntimeRequirement",
     "StateKind",
+    "StateProbe",
     "SupervisedProcess",
     "TurnOutcome",
     "Unauthenticated",
@@ -335,6 +339,7 @@ __all__ = [
     "listens_on",
     "openai_upstream",
     "prepare_pages_async",
+    "probe_state_hooks",
     "renamed",
     "replace_private_file",
     "storage_refusal",

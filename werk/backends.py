@@ -97,7 +97,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     :ivar id: the user-facing model id (``demo``).
     :ivar backend: the backend name that serves it.
     :ivar identity: ``sha256:…`` over the model's files (the manifest identity).
-    :ivar files: absolute paths of the model's files.
+    :ivar files: absolute paths of the model's files (``str`` paths and lists are converted to
+        a tuple of ``Path``; anything else raises ``TypeError`` naming ``ModelSpec.files``).
     :ivar options: backend-specific options from the manifest.
     :ivar persistence: the serving host's persistence defaults (``werk serve --persistence``
         and its granular flags), ``None`` without them. A backend whose native cache is
@@ -321,9 +322,13 @@ class BackendState(msgspec.Struct, frozen=True, kw_only=True):
 class PrefillCall(msgspec.Struct, frozen=True, kw_only=True):
     """Arguments of :func:`werk_prefill`. ``prompt`` xor ``messages``.
 
+    :ivar prompt: the text prompt (``POST /werk/v1/prefill`` with ``prompt``), or ``None``.
+    :ivar messages: the chat messages (with ``messages``), or ``None``.
     :ivar policy: the effective (already defaulted) policy.
     :ivar keep: ``True`` when the host wants a named state back (retention is not ephemeral).
-    :ivar reuse_from: a compatible state to continue from, when the host found one.
+    :ivar reuse_from: a compatible state to continue from, when the host found one: always a
+        state of exactly this prompt (the host matches whole-prompt fingerprints, never a
+        prefix), so nothing is left to evaluate.
     """
 
     prompt: str | None = None
@@ -350,6 +355,12 @@ class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):
     """Arguments of :func:`werk_decode`.
 
     :ivar state: the state the handoff carried (as :func:`werk_prefill` returned it).
+    :ivar max_tokens: the most tokens to generate (1..65536).
+    :ivar temperature: sampling temperature (0..2; 0 is greedy and must be deterministic).
+    :ivar seed: the sampler's seed, or ``None``: the same seed and temperature must give the
+        same text.
+    :ivar stop: up to 16 stop strings: the text ends right before the first one generated
+        (which is not part of it), with ``finish_reason`` ``stop``.
     :ivar restore: present when the state has a persisted (disk) copy: awaiting it returns that
         copy as a ``file`` payload the backend then owns, as in :func:`werk_restore`. A backend
         whose live state is no longer resident restores it from there (at most once) instead of
@@ -365,7 +376,13 @@ class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DecodeOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """What :func:`werk_decode` returns. ``state`` is an optional replacement state."""
+    """What :func:`werk_decode` returns.
+
+    :ivar text: the generated text (at most 1 MiB of UTF-8).
+    :ivar finish_reason: ``stop`` (end of text or a stop string) or ``length`` (``max_tokens``).
+    :ivar completion_tokens: how many tokens were generated.
+    :ivar state: an optional replacement state to continue from (bound to a new handoff).
+    """
 
     text: str
     finish_reason: FinishReason
@@ -374,7 +391,12 @@ class DecodeOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ExpertObservation(msgspec.Struct, frozen=True, kw_only=True):
-    """What a backend reports about one expert. ``nbytes=None``: size not observed."""
+    """What a backend reports about one expert.
+
+    :ivar id: the backend's id of the expert (stable while the runtime lives).
+    :ivar tier: where it is now: ``vram``, ``ram`` or ``external``.
+    :ivar nbytes: its size, or ``None`` when not observed.
+    """
 
     id: str
     tier: ExpertTier
@@ -395,12 +417,22 @@ class ExpertReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ExpertMove(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`werk_move_experts` is asked to do.
+
+    :ivar expert_ids: the experts to move (ids as observed).
+    :ivar target: the tier to move them to (``vram``, ``ram`` or ``external``).
+    """
+
     expert_ids: Sequence[str]
     target: str
 
 
 class ExpertMoveOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """Which experts the backend actually moved; the host updates metadata only for these."""
+    """Which experts the backend actually moved; the host updates metadata only for these.
+
+    :ivar moved: the ids now in the target tier.
+    :ivar failed: the ids that could not be moved (they stay where they were).
+    """
 
     moved: Sequence[str]
     failed: Sequence[str] = ()
@@ -428,8 +460,15 @@ class OpenAICall(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OpenAIReply(msgspec.Struct, frozen=True, kw_only=True):
-    """A backend's answer: a complete JSON object, SSE ``data`` payloads (no ``[DONE]``), or
-    (``audio.speech``) the bytes of a file with their ``media_type``."""
+    """A backend's answer: exactly one of a complete JSON object, SSE ``data`` payloads, or
+    (``audio.speech``) the bytes of a file with their ``media_type``.
+
+    :ivar body: the complete JSON reply.
+    :ivar stream: an async iterator of SSE ``data`` payloads (JSON bytes, no ``[DONE]``, which
+        the host adds); the host always closes it.
+    :ivar content: a file's bytes (speech).
+    :ivar media_type: the content's media type (``audio/wav``); only with ``content``.
+    """
 
     body: dict[str, Any] | None = None
     stream: AsyncIterator[bytes] | None = None

@@ -120,7 +120,15 @@ class EnvironmentState(enum.StrEnum):
 
 
 class EnvironmentStatus(msgspec.Struct, frozen=True):
-    """What ``werk backends list`` shows for one environment."""
+    """What ``werk backends list`` shows for one environment.
+
+    :ivar name: the environment's name.
+    :ivar state: ``missing``, ``ready``, ``outdated`` or ``broken`` (:class:`EnvironmentState`).
+    :ivar path: its directory.
+    :ivar detail: one line saying why (what is outdated or broken).
+    :ivar installed_at: when it was installed (ISO 8601), if it was.
+    :ivar distributions: installed distribution → version.
+    """
 
     name: str
     state: EnvironmentState
@@ -131,8 +139,13 @@ class EnvironmentStatus(msgspec.Struct, frozen=True):
 
 
 class InstallStep(msgspec.Struct, frozen=True):
-    """Progress of an install: step ``index`` of ``total`` (``label``), and the latest line of
-    pip's output while a step runs (``None`` at the start of a step)."""
+    """Progress of an install.
+
+    :ivar index: the step's number, from 1.
+    :ivar total: how many steps there are.
+    :ivar label: what the step does.
+    :ivar line: the latest line of pip's output while the step runs (``None`` at its start).
+    """
 
     index: int
     total: int

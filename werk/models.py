@@ -23,7 +23,14 @@ from ._fs import replace_private_file
 from .backends import ModelSpec
 from .protocol import InvalidRequest, NotFound
 
-__all__ = ["ModelFile", "ModelManifest", "ModelRegistry", "validate_model_id"]
+__all__ = [
+    "ModelFile",
+    "ModelManifest",
+    "ModelRegistry",
+    "identity_of",
+    "model_files",
+    "validate_model_id",
+]
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MANIFEST_SCHEMA = 1
@@ -74,6 +81,23 @@ def _hash_file(path: Path, progress: Callable[[int], None] | None) -> tuple[int,
             if progress is not None:
                 progress(len(chunk))
     return size, digest.hexdigest()
+
+
+def model_files(
+    paths: list[Path], progress: Callable[[int], None] | None = None
+) -> tuple[ModelFile, ...]:
+    """Each path (absolute, ``~`` expanded) with its size and SHA-256 digest.
+
+    :raises InvalidRequest: a path that is not a regular file.
+    """
+    files = []
+    for raw in paths:
+        path = raw.expanduser().absolute()
+        if not path.is_file():
+            raise InvalidRequest(f"{raw} is not a regular file")
+        size, digest = _hash_file(path, progress)
+        files.append(ModelFile(path=str(path), size=size, sha256=digest))
+    return tuple(files)
 
 
 def identity_of(files: tuple[ModelFile, ...]) -> str:
@@ -153,19 +177,13 @@ class ModelRegistry:
             raise InvalidRequest("a model needs at least one file")
         if paths and endpoint:
             raise InvalidRequest("an endpoint model has no files")
-        files = []
-        for raw in paths:
-            path = raw.expanduser().absolute()
-            if not path.is_file():
-                raise InvalidRequest(f"{raw} is not a regular file")
-            size, digest = _hash_file(path, progress)
-            files.append(ModelFile(path=str(path), size=size, sha256=digest))
+        files = model_files(paths, progress)
         manifest = ModelManifest(
             schema=MANIFEST_SCHEMA,
             id=model_id,
             backend=backend,
-            files=tuple(files),
-            identity=identity_of(tuple(files)),
+            files=files,
+            identity=identity_of(files),
             created_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
             options=options or {},
         )

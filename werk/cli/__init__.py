@@ -34,7 +34,7 @@ OWN_COMMAND_MODULES: dict[str, str] = {
     "completion": "completion",
     "jobs": "jobs",
     "models": "models",
-    "plugins": "local",
+    "plugins": "plugins",
     "ps": "runtime",
     "run": "chat",
     "runtime": "runtime",

@@ -13,51 +13,6 @@ JSON_HELP = "Print machine-readable JSON (the protocol shape) instead of a table
 
 
 @app.command()
-def plugins(
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-    verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="Also print the full traceback of every failed plugin."
-    ),
-) -> None:
-    """List installed plugins: status, version, backends, and the hooks each implements.
-
-    A plugin that failed to import or register is listed as `failed` with its error (and a
-    one-line warning on stderr); the others keep working. `-v` shows the traceback. Restrict
-    loading with WERK_LOAD_PLUGINS=name1,name2 (empty: none); trace hook calls with
-    WERK_TRACE_PLUGINS=1.
-    """
-    from ..plugins import get_plugin_manager
-
-    pm = get_plugin_manager()
-    rows = pm.plugin_rows()
-    if verbose:
-        for record in pm.records.values():
-            if record.traceback:
-                typer.echo(f"plugin {record.name} failed:\n{record.traceback}", err=True)
-    if as_json:
-        emit_json({"plugins": rows})
-        return
-    if not rows:
-        typer.echo("No plugins loaded. Install one, e.g. `pip install werk-llamacpp`.")
-        return
-    print_table(
-        "Plugins",
-        ["NAME", "VERSION", "STATUS", "BACKENDS", "HOOKS", "ERROR"],
-        [
-            (
-                r.name,
-                r.version,
-                r.status,
-                ",".join(r.backends),
-                ",".join(h.removeprefix("werk_") for h in r.hooks),
-                r.error,
-            )
-            for r in rows
-        ],
-    )
-
-
-@app.command()
 def capabilities(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     model: str | None = typer.Option(None, "--model", help="Only rows for this model id."),

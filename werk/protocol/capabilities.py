@@ -79,8 +79,13 @@ def validate_capability_id(capability_id: str) -> str:
 class CapabilityReport(Response, frozen=True, kw_only=True):
     """One row of the capability matrix.
 
-    ``model`` is null for host-level rows and for backend-wide rows reported before any model of
-    that backend is configured. ``reason`` explains every status other than ``supported``.
+    :ivar id: a core id (:class:`CapabilityId`) or ``<backend>.<name>``.
+    :ivar status: one of the six :class:`CapabilityStatus` values.
+    :ivar backend: the backend it is for (the host fills it in), or null for host rows.
+    :ivar model: the model it is for; null for host-level rows and for backend-wide rows
+        reported before any model of that backend is configured (the host fills it in).
+    :ivar operations: the operations it offers (``["restore"]``), if it names some.
+    :ivar reason: why; required for every status other than ``supported``.
     """
 
     id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]

@@ -46,7 +46,14 @@ class Reuse(enum.StrEnum):
 
 
 class Policy(Request, frozen=True, kw_only=True):
-    """A complete request policy. Absent members take the protocol defaults below."""
+    """A complete request policy. Absent members take the protocol defaults below.
+
+    :ivar retention: what to keep: ``ephemeral`` (only the handoff), ``memory``, ``disk`` or
+        ``auto`` (disk when the adapter can, else a volatile state).
+    :ivar reuse: ``disabled``, ``prefer`` (a compatible state when one exists) or ``required``.
+    :ivar ttl_seconds: how long a kept state lives (1..2592000), or ``None`` for the default.
+    :ivar pin: keep the state from eviction and pruning.
+    """
 
     retention: Retention = Retention.EPHEMERAL
     reuse: Reuse = Reuse.DISABLED
@@ -55,7 +62,14 @@ class Policy(Request, frozen=True, kw_only=True):
 
 
 class PersistenceDefaults(Response, frozen=True, kw_only=True):
-    """The server's Prefill defaults (``werk serve --persistence``), shown in ``/info``."""
+    """The server's Prefill defaults (``werk serve --persistence``), shown in ``/info``.
+
+    :ivar retention: the default retention (``auto``).
+    :ivar reuse: the default reuse (``prefer``).
+    :ivar ttl_seconds: the default TTL of kept states, or ``None``.
+    :ivar pin: whether kept states are pinned by default.
+    :ivar allow_experimental: the default opt-in to ``experimental`` capabilities.
+    """
 
     retention: Retention = Retention.AUTO
     reuse: Reuse = Reuse.PREFER

@@ -39,6 +39,12 @@ HandoffToken = Annotated[str, msgspec.Meta(pattern=r"^wh_[A-Za-z0-9_-]{16,128}$"
 
 
 class ChatMessage(Request, frozen=True, kw_only=True):
+    """One chat message.
+
+    :ivar role: ``system``, ``user``, ``assistant`` or ``tool``.
+    :ivar content: its text.
+    """
+
     role: Literal["system", "user", "assistant", "tool"]
     content: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)]
 

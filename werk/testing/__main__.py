@@ -1,12 +1,12 @@
 """``python -m werk.testing --backend NAME``: run the conformance kit from a shell.
 
-Exit status 0 when every check passed, 1 when one failed, 2 for a usage error.
+Exit status 0 when every check passed (with ``--strict``: and nothing was warned about), 1 when
+one failed, 2 for a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
@@ -14,36 +14,38 @@ from ..backends import ModelSpec
 from ..config import werk_home
 from ..models import ModelRegistry
 from ..protocol import WerkError
-from . import conformance
+from . import conformance, model_spec
 
 
 def _spec(args: argparse.Namespace) -> ModelSpec | None:
     if args.model:
         return ModelRegistry(werk_home()).get(args.model).spec()
     if args.file:
-        files = tuple(Path(f).resolve() for f in args.file)
-        digest = hashlib.sha256()
-        for path in files:
-            digest.update(path.read_bytes())
-        return ModelSpec(
-            id="conformance",
-            backend=args.backend,
-            identity="sha256:" + digest.hexdigest(),
-            files=files,
-        )
+        return model_spec([Path(f) for f in args.file], args.backend)
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m werk.testing",
-        description="Check an installed Werk backend against backend contract 1.1.",
+        description=(
+            "Check an installed Werk backend against backend contract 1.2: every capability "
+            "it claims must be proven by a check."
+        ),
     )
     parser.add_argument("--backend", required=True, help="the backend name the plugin registers")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", metavar="ID", help="an imported model (werk models list)")
     source.add_argument(
-        "--file", metavar="PATH", action="append", help="a model file to serve (repeatable)"
+        "--file",
+        metavar="PATH",
+        action="append",
+        help="a model file to serve as model 'conformance' (repeatable)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on warnings too (a claim the host lowered)",
     )
     args = parser.parse_args(argv)
     try:
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = conformance(args.backend, spec)
     print(report.summary())
-    return 0 if report.ok else 1
+    return 0 if (report.ok_strictly() if args.strict else report.ok) else 1
 
 
 if __name__ == "__main__":

@@ -101,9 +101,20 @@ def werk_serve(
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 30,
 ) -> Iterator[WerkServer]:
-    """Start ``werk serve --port <free> ARGS`` and wait until ``/werk/v1/health`` answers.
+    """Start ``werk serve --host 127.0.0.1 --port <free> ARGS`` and wait until
+    ``/werk/v1/health`` answers; stop it (SIGTERM, then SIGKILL) when the block ends.
 
-    The server's output goes to ``<home>/../werk-serve-<port>.log`` (:meth:`WerkServer.log`).
+    :param home: the server's ``WERK_HOME`` (the parent directory also receives its log).
+    :param site: a directory put on the server's ``PYTHONPATH`` (a ``pip install --target``
+        of a plugin under test), or ``None``.
+    :param args: more ``werk serve`` arguments (``--model demo``, ``--api-key-env …``).
+    :param env: extra environment variables (the rest is the test's, without ``WERK_*``).
+    :param startup_timeout: seconds to wait for health before failing with the server's log.
+    :yields: a :class:`WerkServer`: ``base_url`` (``http://127.0.0.1:<port>``), ``process``,
+        ``home``, ``client(key)`` (an ``httpx.Client`` with that bearer key), ``log()`` (all
+        the server wrote to stdout and stderr, in ``<home>/../werk-serve-<port>.log``) and
+        ``stop(sig)`` (its exit status).
+    :raises RuntimeError: the server exited or did not answer in time (with its log).
     """
     port = free_port()
     log_path = home.parent / f"werk-serve-{port}.log"

@@ -2,11 +2,11 @@
 llama-server and the generated demo model: registration, rows, ``/v1`` (streaming, a client
 that leaves mid-stream, a malformed body) and the state round trip that proves the
 ``experimental`` rows (prefill → disk → decode, single-use handoff, restore with reuse evidence,
-a truncated snapshot refused)."""
+a truncated snapshot refused, decode's stop and seed, auto retention), and a restart whose new
+llama-server restores the first one's disk state (``runtime.state.restore.cross_restart``)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,15 +35,19 @@ def test_llamacpp_passes_the_conformance_kit(
     monkeypatch.delenv("WERK_LLAMA_ARGS", raising=False)
     llama_inspect.forget_inspections()
     gguf = demo_model(tmp_path / "models")
-    spec = ModelSpec(
-        id="demo",
-        backend="llamacpp",
-        identity="sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest(),
-        files=(gguf,),
-    )
-    report = werk_conformance("llamacpp", spec)
+    report = werk_conformance("llamacpp", files=[gguf])
     passed = {c.name for c in report.checks if c.passed}
-    assert {"restore", "restored continuation", "corrupted restore refused"} <= passed
+    assert {
+        "restore",
+        "restored continuation",
+        "corrupted restore refused",
+        "decode stop",
+        "decode seed (temperature 0.9)",
+        "auto retention",
+        "runtime restart",
+        "cross-restart restore",
+        "/v1 text completion",
+    } <= passed, report.summary()
     assert "claim runtime.state.restore experimental" in passed, report.summary()
 
 

@@ -1,4 +1,5 @@
-"""``echo``: a complete Werk backend in one module (the tutorial of docs/plugins.md).
+"""``echo``: a complete Werk backend in one module (made by ``werk plugins new``; the tutorial
+of Werk's plugin guide walks through it).
 
 Its "model" continues a prompt by repeating it, one character per token, so every answer is
 predictable and the whole contract can be followed by eye:
@@ -8,7 +9,8 @@ predictable and the whole contract can be followed by eye:
 * ``werk_prefill``/``werk_decode`` evaluate a prompt into a live state and continue from it;
 * ``werk_snapshot``/``werk_restore`` turn a live state into checksummed bytes and back;
 * ``werk_capabilities`` reports the state rows ``experimental`` only after ``start`` ran a
-  functional probe (prefill, snapshot, restore, decode) for this very runtime generation.
+  functional probe (:func:`werk.probe_state_hooks`: prefill, snapshot, restore, decode, a
+  damaged snapshot refused) for this very runtime generation.
 
 It imports only public names from :mod:`werk`. Hooks it does not implement (expert movement)
 are reported ``unsupported`` by the host.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +44,9 @@ from werk import (
     PrefillOutcome,
     Runtime,
     StateKind,
+    StateProbe,
     hookimpl,
+    probe_state_hooks,
 )
 
 BACKEND = "echo"
@@ -62,17 +66,21 @@ STATE_ROWS = (
 class Engine:
     """The runtime's handle: what ``start`` set up and what its probe found."""
 
-    probe_passed: bool = False
-    probe_reason: str = "the probe has not run"
+    probe: StateProbe | None = None
 
 
 # -- the "model" -----------------------------------------------------------------------------
 
 
-def continuation(text: str, max_tokens: int) -> tuple[str, FinishReason]:
-    """Echo ``text`` from its start, at most ``max_tokens`` characters."""
+def continuation(text: str, max_tokens: int, stop: Sequence[str] = ()) -> tuple[str, FinishReason]:
+    """Echo ``text`` from its start, at most ``max_tokens`` characters, ending before the first
+    stop string (which is not part of the reply)."""
     reply = text[:max_tokens]
-    return reply, FinishReason.LENGTH if len(text) > max_tokens else FinishReason.STOP
+    finish = FinishReason.LENGTH if len(text) > max_tokens else FinishReason.STOP
+    cuts = [reply.find(s) for s in stop if s in reply]
+    if cuts:
+        reply, finish = reply[: min(cuts)], FinishReason.STOP
+    return reply, finish
 
 
 def _state(runtime: Runtime, text: str) -> BackendState:
@@ -91,29 +99,23 @@ def _text_of(runtime: Runtime, state: BackendState) -> str:
 
 
 async def start(model: ModelSpec) -> Runtime:
+    engine = Engine()
     runtime = Runtime(
-        backend=BACKEND, model=model, generation="g_" + secrets.token_hex(8), handle=Engine()
+        backend=BACKEND, model=model, generation="g_" + secrets.token_hex(8), handle=engine
     )
-    await _probe(runtime)
+    # Prove the state hooks on this runtime: a restored snapshot must continue identically.
+    engine.probe = await probe_state_hooks(
+        runtime,
+        prefill=werk_prefill,
+        decode=werk_decode,
+        snapshot=werk_snapshot,
+        restore=werk_restore,
+    )
     return runtime
 
 
 async def stop(runtime: Runtime) -> None:
     runtime.alive = False
-
-
-async def _probe(runtime: Runtime) -> None:
-    """Prove the state hooks on this runtime: a restored snapshot must continue identically."""
-    engine: Engine = runtime.handle
-    try:
-        live = werk_prefill(runtime, PrefillCall(prompt="probe", keep=True)).state
-        restored = werk_restore(runtime, werk_snapshot(runtime, live))
-        before = werk_decode(runtime, DecodeCall(state=live, max_tokens=3))
-        after = werk_decode(runtime, DecodeCall(state=restored, max_tokens=3))
-        engine.probe_passed = before.text == after.text == "pro"
-        engine.probe_reason = f"a restored snapshot continued with {after.text!r}"
-    except Exception as exc:
-        engine.probe_passed, engine.probe_reason = False, f"probe raised {exc}"
 
 
 # -- hooks -----------------------------------------------------------------------------------
@@ -132,9 +134,11 @@ def _state_status(context: CapabilityContext) -> tuple[CapabilityStatus, str]:
     runtime = context.runtime
     if runtime is None or not runtime.alive:
         return CapabilityStatus.UNAVAILABLE, "no live echo runtime; the first request starts one"
-    engine: Engine = runtime.handle
-    if not engine.probe_passed:
-        return CapabilityStatus.UNAVAILABLE, f"functional probe failed: {engine.probe_reason}"
+    probe = runtime.handle.probe
+    if probe is None or probe.generation != runtime.generation:
+        return CapabilityStatus.UNAVAILABLE, "the functional probe has not run for this runtime"
+    if not probe.passed:
+        return CapabilityStatus.UNAVAILABLE, f"functional probe failed: {probe.reason}"
     return CapabilityStatus.EXPERIMENTAL, f"probe passed for generation {runtime.generation}"
 
 
@@ -167,7 +171,7 @@ def werk_prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
 
 @hookimpl
 def werk_decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
-    text, finish = continuation(_text_of(runtime, call.state), call.max_tokens)
+    text, finish = continuation(_text_of(runtime, call.state), call.max_tokens, call.stop)
     return DecodeOutcome(text=text, finish_reason=finish, completion_tokens=len(text))
 
 
