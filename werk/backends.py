@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import msgspec
 
 from ._deferred import Deferred, check_reference
+from ._paths import as_path
 from .protocol.capabilities import CapabilityId
 from .protocol.policy import PersistenceDefaults, Policy
 from .protocol.prefill import ChatMessage, FinishReason
@@ -121,14 +122,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
         the host."""
         if isinstance(self.files, str | os.PathLike):
             raise TypeError("ModelSpec.files must be a sequence of paths, not one path")
-        converted = []
-        for item in self.files:
-            if not isinstance(item, str | os.PathLike):
-                raise TypeError(
-                    f"ModelSpec.files must hold paths (pathlib.Path or str), not "
-                    f"{type(item).__name__}: {item!r}"
-                )
-            converted.append(item if isinstance(item, Path) else Path(item))
+        converted = [as_path(item, "ModelSpec.files") for item in self.files]
         if not isinstance(self.files, tuple) or any(
             a is not b for a, b in zip(converted, self.files, strict=True)
         ):
@@ -317,6 +311,9 @@ class BackendState(msgspec.Struct, frozen=True, kw_only=True):
         }
         if not present[self.kind] or sum(present.values()) != 1:
             raise ValueError(f"a {self.kind} state must carry exactly its own value form")
+        given: object = self.path  # typed Path | None; a plugin may pass a str
+        if given is not None and not isinstance(given, Path):
+            msgspec.structs.force_setattr(self, "path", as_path(given, "BackendState.path"))
 
 
 class PrefillCall(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import msgspec
 
+from .._paths import as_path
+
 __all__ = ["ENTRY_ID_PATTERN", "CacheEntry"]
 
 ENTRY_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -50,6 +52,9 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     description: str = ""
 
     def __post_init__(self) -> None:
+        given: object = self.path  # typed Path | None; a plugin may pass a str
+        if given is not None and not isinstance(given, Path):
+            msgspec.structs.force_setattr(self, "path", as_path(given, "CacheEntry.path"))
         if not isinstance(self.id, str) or not ENTRY_ID_PATTERN.fullmatch(self.id):
             raise ValueError(
                 f"cache entry id {self.id!r} does not match {ENTRY_ID_PATTERN.pattern}"
