@@ -103,14 +103,12 @@ def new(
         pip install -e './acme[test]'
         python -m werk.testing --backend acme      # exit status 0: every check passed
     """
-    from ..plugin_template import write_plugin
+    from ..plugin_template import validate_plugin_name, write_plugin
     from ..plugins import get_plugin_manager
+    from ..protocol import Conflict
 
     target = directory if directory is not None else Path(name)
     with reporting_errors(as_json):
-        from ..plugin_template import validate_plugin_name
-        from ..protocol import Conflict
-
         validate_plugin_name(name)
         pm = get_plugin_manager()
         if name in pm.backends:
