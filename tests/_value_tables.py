@@ -29,7 +29,7 @@ END = "<!-- end of value tables -->"
 VALUE_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "registration and lifecycle",
-        ("BackendDescriptor", "ModelSpec", "Runtime", "RuntimeRequirement"),
+        ("BackendDescriptor", "ModelSpec", "Runtime", "RuntimeRequirement", "ModelFacts"),
     ),
     ("capabilities", ("CapabilityContext", "CapabilityReport", "StateProbe")),
     (

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from _model_dirs import write_safetensors
 
 import werk
 from werk.protocol import CapabilitiesResponse, ErrorBody, PluginInfo, PluginStatus, decode
@@ -297,7 +298,7 @@ def test_a_model_directory_is_imported_with_every_file_under_it(
     (pipeline / "unet").mkdir(parents=True)
     (pipeline / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
     (pipeline / "unet" / "config.json").write_text("{}")
-    (pipeline / "unet" / "weights.safetensors").write_bytes(b"\0" * 64)
+    write_safetensors(pipeline / "unet" / "weights.safetensors", {"w": ("F16", (4, 8))})
     (pipeline / ".cache").mkdir()
     (pipeline / ".cache" / "lock").write_text("skipped")
     done = run("models", "import", str(pipeline), "--id", "sd", "--json", home=werk_home)
@@ -309,6 +310,7 @@ def test_a_model_directory_is_imported_with_every_file_under_it(
     llm = tmp_path / "llm"
     llm.mkdir()
     (llm / "config.json").write_text("{}")
+    (llm / "model.bin").write_bytes(b"\0" * 64)
     ambiguous = run("models", "import", str(llm), "--id", "llm", home=werk_home)
     assert ambiguous.returncode == 1
     assert "can be served by media, vllm; pass --backend" in ambiguous.stderr

@@ -34,6 +34,7 @@ __all__ = [
     "ExpertMoveOutcome",
     "ExpertObservation",
     "ExpertReport",
+    "ModelFacts",
     "ModelSpec",
     "NativeChatCache",
     "NativeContext",
@@ -162,6 +163,39 @@ class RuntimeRequirement(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("a requirement's parts must sum to its byte count")
 
 
+class ModelFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend read from a model's files without loading it (``werk models show``).
+
+    Every field but ``format`` is optional: ``None`` means "not stated in the files", never a
+    guess.
+
+    :ivar format: the file format read (``gguf``, ``diffusers``, ``transformers``).
+    :ivar architecture: the model family the files name (``llama``, ``qwen2moe``,
+        ``StableDiffusionPipeline``).
+    :ivar parameters: the number of weights (sum of the tensors' element counts).
+    :ivar quantization: the weights' storage type (``Q4_K_M``, ``F16``).
+    :ivar context_length: the context the model was trained for.
+    :ivar chat_template: whether the files carry a chat template.
+    :ivar experts: experts per MoE layer (``None``: not a mixture of experts).
+    :ivar experts_used: experts active per token.
+    :ivar memory: the estimated need of one runtime at this model's options (weights, caches,
+        buffers, in :attr:`RuntimeRequirement.parts`), when the backend can compute one.
+    :ivar memory_basis: what the estimate assumes, for people (``"ctx 4096 × 5 slots, f16
+        KV cache"``).
+    """
+
+    format: str
+    architecture: str | None = None
+    parameters: int | None = None
+    quantization: str | None = None
+    context_length: int | None = None
+    chat_template: bool | None = None
+    experts: int | None = None
+    experts_used: int | None = None
+    memory: RuntimeRequirement | None = None
+    memory_basis: str = ""
+
+
 class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     """What a plugin registers through :func:`werk_register_backends`.
 
@@ -185,6 +219,11 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
         refuses a start that cannot fit with ``resource_exhausted``; ``None`` for one model
         means "no bound can be given" (it starts unaccounted). A raised :class:`werk.WerkError`
         fails the start. Requires ``start``.
+    :ivar inspect: optional function ``ModelSpec -> ModelFacts`` (plain, not a coroutine; it
+        runs in a worker thread) that reads the model's files without loading them. ``werk
+        models import`` calls it before writing the manifest, so a file the backend cannot load
+        is refused with its reason (raise :class:`werk.InvalidRequest`); ``werk models show``
+        prints what it returns.
     """
 
     name: str
@@ -194,6 +233,7 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     stop: Callable[[Runtime], Awaitable[None]] | str | None = None
     routes: tuple[OpenAIRoute, ...] = ("chat.completions", "completions")
     requirement: Callable[[ModelSpec], Awaitable[RuntimeRequirement | None]] | str | None = None
+    inspect: Callable[[ModelSpec], ModelFacts] | str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -204,7 +244,7 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"backend {self.name!r} must give both start and stop, or neither")
         if self.requirement is not None and self.start is None:
             raise ValueError(f"backend {self.name!r} gives a requirement but cannot start")
-        for field in ("start", "stop", "requirement"):
+        for field in ("start", "stop", "requirement", "inspect"):
             value = getattr(self, field)
             if isinstance(value, str):
                 check_reference(value, f"backend {self.name!r}'s {field}")
@@ -221,6 +261,19 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
         if self.stop is None or isinstance(self.stop, str):
             raise ValueError(f"backend {self.name!r} cannot stop runtimes")
         await self.stop(runtime)
+
+    def inspect_model(self, spec: ModelSpec) -> ModelFacts | None:
+        """``inspect(spec)`` (importing a ``"module:function"`` on first use); ``None`` when the
+        backend reads no facts.
+
+        :raises werk.InvalidRequest: the backend cannot load these files (the reason says why).
+        """
+        if self.inspect is None or isinstance(self.inspect, str):
+            return None
+        facts = self.inspect(spec)
+        if not isinstance(facts, ModelFacts):
+            raise TypeError(f"backend {self.name!r}'s inspect returned {type(facts).__name__}")
+        return facts
 
     async def runtime_requirement(self, spec: ModelSpec) -> RuntimeRequirement | None:
         """Await ``requirement(spec)``; ``None`` when the backend gives none."""

@@ -166,8 +166,13 @@ class ModelRegistry:
         options: dict[str, Any] | None = None,
         progress: Callable[[int], None] | None = None,
         endpoint: bool = False,
+        inspect: Callable[[ModelSpec], object] | None = None,
     ) -> ModelManifest:
         """Hash ``paths`` and record (or replace) the manifest for ``model_id``.
+
+        :param inspect: called with the would-be model before the manifest is written; what it
+            raises (the backend's :class:`InvalidRequest` for files it cannot load) leaves the
+            registry as it was.
 
         :param endpoint: the backend serves a separately operated endpoint; the model has no
             files (``paths`` must be empty) and its identity is that of the empty file list.
@@ -187,6 +192,8 @@ class ModelRegistry:
             created_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
             options=options or {},
         )
+        if inspect is not None:
+            inspect(manifest.spec())
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         _atomic_write(self._path(model_id), msgspec.json.encode(manifest))
         return manifest

@@ -27,25 +27,6 @@ ENDPOINT_FORMAT = "openai-endpoint"
 """A backend with this format serves a separately operated endpoint: its models have no files."""
 
 
-def _formats_of(paths: list[Path]) -> set[str]:
-    """The formats the paths name: a file's suffix (``gguf``); a Diffusers pipeline directory
-    (``model_index.json``) is ``diffusers``; another directory with a ``config.json`` is a
-    Hugging Face model (``hf`` or ``transformers``: more than one backend may serve it)."""
-    formats: set[str] = set()
-    for path in paths:
-        if not path.is_dir():
-            formats.add(path.suffix.lower().lstrip("."))
-        elif (path / "model_index.json").is_file():
-            formats.add("diffusers")
-        elif (path / "config.json").is_file():
-            formats.add("hf")
-        else:
-            raise InvalidRequest(
-                f"{path} is a directory without model_index.json or config.json: not a model"
-            )
-    return formats
-
-
 def _backend_for(paths: list[Path], backend: str | None) -> str:
     from ..plugins import get_plugin_manager
 
@@ -55,7 +36,9 @@ def _backend_for(paths: list[Path], backend: str | None) -> str:
             known = ", ".join(sorted(pm.backends)) or "none"
             raise InvalidRequest(f"no loaded plugin provides backend {backend!r} (loaded: {known})")
         return backend
-    suffixes = _formats_of(paths)
+    from ..model_formats import formats_of
+
+    suffixes = formats_of(paths)
     if suffixes == {"hf"}:  # a Transformers directory: vLLM (LLMs) and media both take them
         served = {"hf", "transformers"}
         candidates = sorted(n for n, d in pm.backends.items() if served & set(d.formats))
@@ -163,6 +146,10 @@ def import_model(
 ) -> None:
     """Record a manifest for PATH under --id (files are referenced in place, not copied).
 
+    The files are checked first: a GGUF's header and tensor directory, a Diffusers
+    pipeline's model_index.json and components, a Transformers config.json and its weights.
+    Files the backend cannot load are refused with the reason, and nothing is recorded.
+
     Re-importing under the same id replaces the manifest; changed files give a new identity,
     so a running server starts a new backend process for them. A backend that serves a
     separately operated endpoint takes no files: `werk models import --backend vllm-remote
@@ -175,24 +162,132 @@ def import_model(
     from ..plugins import get_plugin_manager
 
     paths = paths or []
+    from ..model_formats import directory_facts, inspect_model
+
     with reporting_errors(as_json):
         chosen = _backend_for(paths, backend)
-        endpoint = ENDPOINT_FORMAT in get_plugin_manager().backends[chosen].formats
+        descriptor = get_plugin_manager().backends[chosen]
+        endpoint = ENDPOINT_FORMAT in descriptor.formats
         if not paths and not endpoint:
             raise InvalidRequest(f"backend {chosen!r} needs model files: give PATH")
         if paths and endpoint:
             raise InvalidRequest(f"backend {chosen!r} serves an endpoint: it takes no files")
+        for path in paths:
+            if path.is_dir():  # refused here, before any weight is hashed
+                directory_facts(path)
         manifest = ModelRegistry(werk_home()).import_files(
             _expand(paths),
             model_id=model_id,
             backend=chosen,
             endpoint=endpoint,
             options=_options(option),
+            inspect=lambda spec: inspect_model(spec, descriptor),
         )
     if as_json:
         emit_json(manifest)
     else:
         typer.echo(f"imported {manifest.id} ({manifest.backend}) identity {manifest.identity}")
+
+
+def _count(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if value >= size:
+            return f"{value / size:.2f}{unit}"
+    return str(value)
+
+
+def _tokens(value: int | None) -> str:
+    return "-" if value is None else f"{value:,} tokens"
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+@models_app.command("show")
+def show_model(
+    model_id: str = typer.Argument(..., help="The model id."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """What Werk reads from a model's files without loading it: architecture, parameters,
+    quantisation, context length, chat template, experts, and the estimated memory of one
+    runtime at the model's options (weights + KV cache + compute) against what this machine
+    has available now."""
+    import psutil
+
+    from ..config import werk_home
+    from ..model_formats import inspect_model
+    from ..models import ModelRegistry
+    from ..plugins import get_plugin_manager
+    from ..protocol.residency import ExpertTier
+
+    with reporting_errors(as_json):
+        registry = ModelRegistry(werk_home())
+        manifest = registry.get(model_id)
+        registry.verify_unchanged(manifest)
+        backends = get_plugin_manager().backends
+        if manifest.backend not in backends:
+            raise InvalidRequest(
+                f"model {model_id!r} is served by backend {manifest.backend!r}, "
+                "which no loaded plugin provides"
+            )
+        facts = inspect_model(manifest.spec(), backends[manifest.backend])
+    available = psutil.virtual_memory().available
+    need = facts.memory if facts is not None else None
+    fits = None if need is None or need.tier != ExpertTier.RAM else need.nbytes <= available
+    if as_json:
+        emit_json(
+            {
+                "model": manifest,
+                "facts": facts,
+                "memory": {"available_bytes": available, "fits": fits},
+            }
+        )
+        return
+    size = sum(f.size for f in manifest.files)
+    rows: list[tuple[str, str]] = [
+        ("id", manifest.id),
+        ("backend", manifest.backend),
+        ("identity", manifest.identity),
+        ("files", f"{len(manifest.files)} ({_mib(size)})"),
+    ]
+    if facts is None:
+        rows.append(("facts", f"backend {manifest.backend!r} reads none from its files"))
+    else:
+        rows += [
+            ("format", facts.format),
+            ("architecture", facts.architecture or "-"),
+            ("parameters", _count(facts.parameters)),
+            ("quantisation", facts.quantization or "-"),
+            ("context length", _tokens(facts.context_length)),
+            (
+                "chat template",
+                "-" if facts.chat_template is None else "yes" if facts.chat_template else "no",
+            ),
+            (
+                "experts",
+                "not a mixture of experts"
+                if facts.experts is None
+                else f"{facts.experts} ({facts.experts_used or '?'} per token)",
+            ),
+        ]
+    if need is None:
+        rows.append(("memory", "no estimate from this backend"))
+    else:
+        parts = " + ".join(f"{name} {_mib(n)}" for name, n in need.parts)
+        rows.append(
+            ("memory", f"{_mib(need.nbytes)} {need.tier}" + (f" ({parts})" if parts else ""))
+        )
+        if facts is not None and facts.memory_basis:
+            rows.append(("assumes", facts.memory_basis))
+        verdict = "fits" if fits else "does not fit"
+        if fits is not None:
+            rows.append(("this machine", f"{verdict}: {_mib(available)} RAM available now"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        typer.echo(f"{key:<{width}}  {value}")
 
 
 @models_app.command("remove")

@@ -76,6 +76,7 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             start="werk_llamacpp.start:start_runtime",
             stop="werk_llamacpp.process:stop_runtime",
             requirement="werk_llamacpp.requirement:runtime_requirement",
+            inspect="werk_llamacpp.model_facts:inspect_model",
             routes=("chat.completions", "completions", "embeddings"),
         )
     )
