@@ -36,6 +36,10 @@ MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MANIFEST_SCHEMA = 1
 _CHUNK = 1024 * 1024
 _MAX_MANIFEST_BYTES = 1024 * 1024
+DEMO_FILE_RECORD_SUFFIX = ".demo.json"
+"""What a demo generator records beside a generated file (``demo.gguf.demo.json``)."""
+DEMO_FOLDER_RECORD = "werk-demo.json"
+"""What a demo generator records in a generated model folder."""
 
 
 def validate_model_id(model_id: str) -> str:
@@ -202,6 +206,51 @@ class ModelRegistry:
         manifest = self.get(model_id)
         self._path(model_id).unlink()
         return manifest
+
+    @property
+    def files_root(self) -> Path:
+        """Where Werk writes model files itself (generated demos): ``WERK_HOME/models/files``."""
+        return self.root / "files"
+
+    def owned_files(self, manifest: ModelManifest) -> tuple[list[Path], list[Path]]:
+        """``manifest``'s files split into those removing the model may delete (Werk wrote them
+        under :attr:`files_root` and no other manifest references them) and those it keeps
+        (referenced in place, or shared with another model)."""
+        owned_root = self.files_root.resolve()
+        others = {
+            Path(f.path).resolve()
+            for other in self.manifests()
+            if other.id != manifest.id
+            for f in other.files
+        }
+        delete: list[Path] = []
+        keep: list[Path] = []
+        for f in manifest.files:
+            path = Path(f.path)
+            real = path.resolve()
+            mine = real.is_relative_to(owned_root) and not path.is_symlink()
+            (delete if mine and real not in others else keep).append(path)
+        return delete, keep
+
+    def delete_files(self, paths: list[Path]) -> None:
+        """Delete ``paths`` (from :meth:`owned_files`) with the records the demo generators
+        keep beside them (``<file>.demo.json``; ``werk-demo.json`` in a model folder), and the
+        folders under :attr:`files_root` they leave empty. A file already gone is not an
+        error."""
+        root = self.files_root.resolve()
+        for path in paths:
+            for gone in (path, path.with_name(path.name + DEMO_FILE_RECORD_SUFFIX)):
+                with contextlib.suppress(FileNotFoundError):
+                    gone.unlink()
+            parent = path.resolve().parent
+            while parent != root and parent.is_relative_to(root):
+                if [p.name for p in parent.iterdir()] == [DEMO_FOLDER_RECORD]:
+                    (parent / DEMO_FOLDER_RECORD).unlink()
+                try:
+                    parent.rmdir()
+                except OSError:  # not empty (or gone): stop climbing
+                    break
+                parent = parent.parent
 
     def verify_unchanged(self, manifest: ModelManifest) -> None:
         """Cheap check (size) that the referenced files still exist as imported.

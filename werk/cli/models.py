@@ -294,21 +294,56 @@ def show_model(
 def remove_model(
     model_id: str = typer.Argument(..., help="The model id."),
     execute: bool = typer.Option(False, "--execute", help="Actually remove (default: preview)."),
+    delete_files: bool = typer.Option(
+        False,
+        "--delete-files",
+        help="Also delete the files Werk wrote itself (generated demos under "
+        "WERK_HOME/models/files) that no other model uses. Files imported from elsewhere "
+        "are never deleted.",
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Remove a model's manifest (never its files). Previews unless --execute."""
+    """Remove a model's manifest; with --delete-files also the files Werk wrote for it.
+    Previews (listing what would be deleted and what is kept) unless --execute."""
     from ..config import werk_home
     from ..models import ModelRegistry
 
     with reporting_errors(as_json):
         registry = ModelRegistry(werk_home())
-        manifest = registry.remove(model_id) if execute else registry.get(model_id)
+        manifest = registry.get(model_id)
+        if delete_files:
+            delete, keep = registry.owned_files(manifest)
+        else:
+            delete, keep = [], [Path(f.path) for f in manifest.files]
+        if execute:
+            registry.remove(model_id)  # the manifest first: no model ever names a deleted file
+            registry.delete_files(delete)
     if as_json:
-        emit_json({"executed": execute, "model": manifest})
-    elif execute:
-        typer.echo(f"removed manifest of {manifest.id}; files left in place")
+        emit_json(
+            {
+                "executed": execute,
+                "model": manifest,
+                "deleted_files" if execute else "would_delete_files": [str(p) for p in delete],
+                "kept_files": [str(p) for p in keep],
+            }
+        )
+        return
+    size = sum(f.size for f in manifest.files if Path(f.path) in delete)
+    if execute:
+        typer.echo(f"removed manifest of {manifest.id}")
+        if delete:
+            typer.echo(f"deleted {len(delete)} file(s), {_mib(size)}")
     else:
-        typer.echo(f"would remove manifest of {manifest.id}; run again with --execute")
+        typer.echo(f"would remove manifest of {manifest.id}")
+        for path in delete:
+            typer.echo(f"  would delete {path}")
+    if keep:
+        typer.echo(f"{'kept' if execute else 'would keep'} {len(keep)} file(s) in place")
+        if delete_files:
+            for path in keep:
+                typer.echo(f"  keep {path} (not written by Werk, or used by another model)")
+    if not execute:
+        typer.echo("run again with --execute")
 
 
 def demo_models(pm: WerkPluginManager) -> dict[str, tuple[str, DemoModel]]:
