@@ -27,7 +27,7 @@ ENDPOINT_FORMAT = "openai-endpoint"
 """A backend with this format serves a separately operated endpoint: its models have no files."""
 
 
-def _backend_for(paths: list[Path], backend: str | None) -> str:
+def _backend_for(paths: list[Path], backend: str | None, formats: set[str] | None = None) -> str:
     from ..plugins import get_plugin_manager
 
     pm = get_plugin_manager()
@@ -38,7 +38,7 @@ def _backend_for(paths: list[Path], backend: str | None) -> str:
         return backend
     from ..model_formats import formats_of
 
-    suffixes = formats_of(paths)
+    suffixes = formats if formats is not None else formats_of(paths)
     if suffixes == {"hf"}:  # a Transformers directory: vLLM (LLMs) and media both take them
         served = {"hf", "transformers"}
         candidates = sorted(n for n, d in pm.backends.items() if served & set(d.formats))
@@ -59,9 +59,10 @@ def _backend_for(paths: list[Path], backend: str | None) -> str:
     return matches[0]
 
 
-def _expand(paths: list[Path]) -> list[Path]:
+def _expand(paths: list[Path], *, follow_links: bool = False) -> list[Path]:
     """Files as given; a directory becomes every regular file under it (hidden ones and
-    symbolic links skipped), in sorted order, so its identity covers every weight and config."""
+    symbolic links skipped, unless ``follow_links``: a Hugging Face cache snapshot is made of
+    links), in sorted order, so its identity covers every weight and config."""
     files: list[Path] = []
     for path in paths:
         if not path.is_dir():
@@ -71,7 +72,7 @@ def _expand(paths: list[Path]) -> list[Path]:
             p
             for p in sorted(path.rglob("*"))
             if p.is_file()
-            and not p.is_symlink()
+            and (follow_links or not p.is_symlink())
             and not any(part.startswith(".") for part in p.relative_to(path).parts)
         ]
         if not found:
@@ -125,6 +126,52 @@ def _options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
+def _from_store(
+    store: str, names: list[Path], model_id: str | None
+) -> tuple[list[Path], set[str], str]:
+    """The paths, format and id of the model a store holds under ``names[0]``."""
+    import re
+
+    from ..model_stores import find_in_store
+    from ..models import validate_model_id
+
+    if len(names) != 1:
+        raise InvalidRequest(f"--from {store} takes one model name (see `werk models discover`)")
+    found = find_in_store(store, str(names[0]))
+    if model_id is None:
+        last = found.name.split("/")[-1]
+        model_id = re.sub(r"[^A-Za-z0-9._-]+", "-", last.removesuffix(".gguf")).strip("-.")
+        validate_model_id(model_id)
+    return [Path(p) for p in found.paths], {found.format}, model_id
+
+
+@models_app.command("discover")
+def discover_models(
+    store: str | None = typer.Option(
+        None, "--from", metavar="STORE", help="Only this store: ollama, hf-cache or lmstudio."
+    ),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """List models other tools already downloaded (Ollama's store, the Hugging Face cache,
+    LM Studio's models folder), ready for `werk models import --from STORE NAME`."""
+    from ..model_stores import store_models
+
+    with reporting_errors(as_json):
+        found = store_models(store)
+    if as_json:
+        emit_json({"models": found})
+        return
+    if not found:
+        typer.echo("No models found in the Ollama store, the Hugging Face cache or LM Studio.")
+        return
+    print_table(
+        "Models in local stores",
+        ["STORE", "NAME", "FORMAT", "SIZE"],
+        [(m.store, m.name, m.format, _mib(m.size)) for m in found],
+    )
+    typer.echo("Import one: werk models import --from STORE NAME [--id ID]")
+
+
 @models_app.command("import")
 def import_model(
     paths: list[Path] = typer.Argument(
@@ -132,8 +179,20 @@ def import_model(
         help="Model file(s) or a model directory (Diffusers, Transformers); none for an "
         "endpoint backend.",
     ),
-    model_id: str = typer.Option(..., "--id", help="The id clients will use (e.g. 'demo')."),
+    model_id: str | None = typer.Option(
+        None,
+        "--id",
+        help="The id clients will use (e.g. 'demo'); with --from, defaults to the model's name "
+        "in the store made into an id ('llama3.2:1b' -> 'llama3.2-1b').",
+    ),
     backend: str | None = typer.Option(None, help="Backend name; inferred from the file type."),
+    store: str | None = typer.Option(
+        None,
+        "--from",
+        metavar="STORE",
+        help="Import a model another tool downloaded: ollama, hf-cache or lmstudio; PATH is "
+        "then its name there (`werk models discover` lists them).",
+    ),
     option: list[str] = typer.Option(
         [],
         "--option",
@@ -165,7 +224,14 @@ def import_model(
     from ..model_formats import directory_facts, inspect_model
 
     with reporting_errors(as_json):
-        chosen = _backend_for(paths, backend)
+        formats = None
+        follow_links = False
+        if store is not None:
+            paths, formats, model_id = _from_store(store, paths, model_id)
+            follow_links = True
+        if model_id is None:
+            raise InvalidRequest("give the model an id: --id ID")
+        chosen = _backend_for(paths, backend, formats)
         descriptor = get_plugin_manager().backends[chosen]
         endpoint = ENDPOINT_FORMAT in descriptor.formats
         if not paths and not endpoint:
@@ -176,7 +242,7 @@ def import_model(
             if path.is_dir():  # refused here, before any weight is hashed
                 directory_facts(path)
         manifest = ModelRegistry(werk_home()).import_files(
-            _expand(paths),
+            _expand(paths, follow_links=follow_links),
             model_id=model_id,
             backend=chosen,
             endpoint=endpoint,
