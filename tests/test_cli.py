@@ -289,6 +289,8 @@ def test_an_endpoint_backend_imports_a_model_without_files(werk_home: Path, tmp_
         failed = run(*args, home=werk_home)
         assert failed.returncode == 1 and message in failed.stderr, (args, failed.stderr)
     assert [m.name for m in (werk_home / "models").glob("*.json")] == ["far.json"]
+    no_id = run("models", "import", str(model), home=werk_home)
+    assert no_id.returncode == 2 and "only --from can derive one" in no_id.stderr
 
 
 def test_a_model_directory_is_imported_with_every_file_under_it(

@@ -223,14 +223,17 @@ def import_model(
     paths = paths or []
     from ..model_formats import directory_facts, inspect_model
 
+    if model_id is None and store is None:
+        raise typer.BadParameter(
+            "give the model an id (only --from can derive one)", param_hint="'--id'"
+        )
     with reporting_errors(as_json):
         formats = None
         follow_links = False
         if store is not None:
             paths, formats, model_id = _from_store(store, paths, model_id)
             follow_links = True
-        if model_id is None:
-            raise InvalidRequest("give the model an id: --id ID")
+        assert model_id is not None
         chosen = _backend_for(paths, backend, formats)
         descriptor = get_plugin_manager().backends[chosen]
         endpoint = ENDPOINT_FORMAT in descriptor.formats
