@@ -13,6 +13,7 @@ from ._output import emit_json, print_table, reporting_errors
 
 if TYPE_CHECKING:
     from ..demos import DemoModel
+    from ..models import ModelManifest
     from ..plugins import WerkPluginManager
 
 models_app = typer.Typer(
@@ -130,19 +131,25 @@ def _from_store(
     store: str, names: list[Path], model_id: str | None
 ) -> tuple[list[Path], set[str], str]:
     """The paths, format and id of the model a store holds under ``names[0]``."""
-    import re
-
     from ..model_stores import find_in_store
-    from ..models import validate_model_id
 
     if len(names) != 1:
         raise InvalidRequest(f"--from {store} takes one model name (see `werk models discover`)")
     found = find_in_store(store, str(names[0]))
     if model_id is None:
-        last = found.name.split("/")[-1]
-        model_id = re.sub(r"[^A-Za-z0-9._-]+", "-", last.removesuffix(".gguf")).strip("-.")
-        validate_model_id(model_id)
+        model_id = _as_id(found.name.split("/")[-1].removesuffix(".gguf"))
     return [Path(p) for p in found.paths], {found.format}, model_id
+
+
+def _as_id(name: str) -> str:
+    """A store's or repository's name made into a model id (``llama3.2:1b`` → ``llama3.2-1b``).
+
+    :raises werk.InvalidRequest: nothing usable is left."""
+    import re
+
+    from ..models import validate_model_id
+
+    return validate_model_id(re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-."))
 
 
 @models_app.command("discover")
@@ -216,46 +223,101 @@ def import_model(
     options (llama.cpp: ctx_size, parallel, state_slots, embeddings, native_args, …) are set
     with --option.
     """
-    from ..config import werk_home
-    from ..models import ModelRegistry
-    from ..plugins import get_plugin_manager
 
     paths = paths or []
-    from ..model_formats import directory_facts, inspect_model
-
     if model_id is None and store is None:
         raise typer.BadParameter(
             "give the model an id (only --from can derive one)", param_hint="'--id'"
         )
     with reporting_errors(as_json):
         formats = None
-        follow_links = False
         if store is not None:
             paths, formats, model_id = _from_store(store, paths, model_id)
-            follow_links = True
         assert model_id is not None
-        chosen = _backend_for(paths, backend, formats)
-        descriptor = get_plugin_manager().backends[chosen]
-        endpoint = ENDPOINT_FORMAT in descriptor.formats
-        if not paths and not endpoint:
-            raise InvalidRequest(f"backend {chosen!r} needs model files: give PATH")
-        if paths and endpoint:
-            raise InvalidRequest(f"backend {chosen!r} serves an endpoint: it takes no files")
-        for path in paths:
-            if path.is_dir():  # refused here, before any weight is hashed
-                directory_facts(path)
-        manifest = ModelRegistry(werk_home()).import_files(
-            _expand(paths, follow_links=follow_links),
-            model_id=model_id,
-            backend=chosen,
-            endpoint=endpoint,
-            options=_options(option),
-            inspect=lambda spec: inspect_model(spec, descriptor),
+        manifest = _record(
+            paths, model_id, backend, formats, _options(option), follow_links=store is not None
         )
+    _report_import(manifest, as_json)
+
+
+def _record(
+    paths: list[Path],
+    model_id: str,
+    backend: str | None,
+    formats: set[str] | None,
+    options: dict[str, Any],
+    *,
+    follow_links: bool,
+) -> ModelManifest:
+    """Check and record ``paths`` under ``model_id`` (import, import --from and pull)."""
+    from ..config import werk_home
+    from ..model_formats import directory_facts, inspect_model
+    from ..models import ModelRegistry
+    from ..plugins import get_plugin_manager
+
+    chosen = _backend_for(paths, backend, formats)
+    descriptor = get_plugin_manager().backends[chosen]
+    endpoint = ENDPOINT_FORMAT in descriptor.formats
+    if not paths and not endpoint:
+        raise InvalidRequest(f"backend {chosen!r} needs model files: give PATH")
+    if paths and endpoint:
+        raise InvalidRequest(f"backend {chosen!r} serves an endpoint: it takes no files")
+    for path in paths:
+        if path.is_dir():  # refused here, before any weight is hashed
+            directory_facts(path)
+    return ModelRegistry(werk_home()).import_files(
+        _expand(paths, follow_links=follow_links),
+        model_id=model_id,
+        backend=chosen,
+        endpoint=endpoint,
+        options=options,
+        inspect=lambda spec: inspect_model(spec, descriptor),
+    )
+
+
+def _report_import(manifest: ModelManifest, as_json: bool) -> None:
     if as_json:
         emit_json(manifest)
     else:
         typer.echo(f"imported {manifest.id} ({manifest.backend}) identity {manifest.identity}")
+
+
+@models_app.command("pull")
+def pull_model(
+    source: str = typer.Argument(
+        ...,
+        metavar="hf:OWNER/REPO[:FILE_OR_QUANT]",
+        help="A Hugging Face repository; for a GGUF repository, the file or quantisation to "
+        "take (hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M).",
+    ),
+    model_id: str | None = typer.Option(
+        None, "--id", help="The id clients will use (default: the file or repository name)."
+    ),
+    backend: str | None = typer.Option(None, help="Backend name; inferred from the files."),
+    revision: str | None = typer.Option(None, help="A branch, tag or commit (default: main)."),
+    option: list[str] = typer.Option(
+        [], "--option", metavar="KEY=VALUE", help="A backend option of this model (repeatable)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Download a model from the Hugging Face Hub into its cache and import it.
+
+    Uses huggingface_hub (HF_TOKEN for gated repositories, HF_ENDPOINT for a mirror,
+    HF_HUB_OFFLINE=1 to use only what is cached). An interrupted download leaves no model and
+    resumes when you pull again."""
+    from ..model_pull import pull
+
+    with reporting_errors(as_json):
+        pulled = pull(source, revision=revision)
+        manifest = _record(
+            [Path(p) for p in pulled.paths],
+            model_id or _as_id(pulled.suggested_id),
+            backend,
+            {pulled.format},
+            _options(option),
+            follow_links=True,
+        )
+    _report_import(manifest, as_json)
 
 
 def _count(value: int | None) -> str:

@@ -1,0 +1,212 @@
+"""``werk models pull hf:…`` through the real ``huggingface_hub`` client against a loopback
+stand-in for the Hugging Face Hub (no network here). The stand-in speaks the part of the hub API
+the client uses for a pull: ``GET /api/models/{repo}/tree/{revision}`` (the file listing) and
+``HEAD``/``GET /{repo}/resolve/{revision}/{file}`` (``X-Repo-Commit``, ``ETag``, ``Range``). The
+repository holds two quantisations of the generated demo GGUF; the pulled one is served by a
+real llama-server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from test_llamacpp_process_support import (
+    WERK,
+    demo_model,
+    needs_llama_server,
+    werk_env,
+    werk_serve,
+)
+
+pytestmark = pytest.mark.slow
+
+REPO = "acme/Tiny-GGUF"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+class Hub:
+    """The stand-in's state: the files, the Range headers seen, and a switch that makes a
+    download stall halfway (until released) to interrupt a pull."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+        self.stall = threading.Event()
+        self.release = threading.Event()
+        self.stalled = threading.Event()
+
+
+def handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self._answer(body=True)
+
+        def do_HEAD(self) -> None:
+            self._answer(body=False)
+
+        def _answer(self, *, body: bool) -> None:
+            path = self.path.split("?", 1)[0]
+            tree = f"/api/models/{REPO}/tree/main"
+            resolve = f"/{REPO}/resolve/main/"
+            if path == tree:
+                listing = [
+                    {"type": "file", "path": name, "size": len(data), "oid": "0" * 40}
+                    for name, data in hub.files.items()
+                ]
+                self._send(
+                    200, json.dumps(listing).encode(), {"Content-Type": "application/json"}, body
+                )
+            elif path.startswith(resolve) and path[len(resolve) :] in hub.files:
+                data = hub.files[path[len(resolve) :]]
+                headers = {
+                    "X-Repo-Commit": COMMIT,
+                    "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+                }
+                wanted = self.headers.get("Range")
+                if not body:
+                    self._send(200, data, headers, body=False)
+                    return
+                if wanted:
+                    start = int(wanted.removeprefix("bytes=").split("-")[0])
+                    headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                    self._send(206, data[start:], headers, body)
+                elif hub.stall.is_set():
+                    self.send_response(200)
+                    for key, value in {**headers, "Content-Length": str(len(data))}.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    hub.stalled.set()
+                    hub.release.wait(60)
+                else:
+                    self._send(200, data, headers, body)
+            else:
+                self._send(
+                    404,
+                    b'{"error": "Repository not found"}',
+                    {"X-Error-Code": "RepoNotFound"},
+                    body,
+                )
+
+        def _send(self, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
+            self.send_response(status)
+            for key, value in {**headers, "Content-Length": str(len(data))}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+    return Handler
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[tuple[Hub, str]]:
+    gguf = demo_model(tmp_path / "demo").read_bytes()
+    state = Hub({"tiny-F16.gguf": gguf, "tiny-Q8_0.gguf": gguf + b"", "README.md": b"# tiny"})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(state))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        state.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def pull_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
+    return {
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_CACHE": str(tmp_path / "hf"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_XET": "1",
+    }
+
+
+def werk(home: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(WERK), *args], env=werk_env(home, env), capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_quantisation_must_be_chosen_and_unknown_repositories_are_named(
+    tmp_path: Path, hub: tuple[Hub, str]
+) -> None:
+    _, endpoint = hub
+    env, home = pull_env(tmp_path, endpoint), tmp_path / "home"
+    several = werk(home, env, "models", "pull", f"hf:{REPO}")
+    assert several.returncode == 1
+    assert "has several GGUF files" in several.stderr and "tiny-Q8_0.gguf" in several.stderr
+    none = werk(home, env, "models", "pull", f"hf:{REPO}:Q4_K_M")
+    assert none.returncode == 1 and "names no single file" in none.stderr
+    bad = werk(home, env, "models", "pull", "TheBloke/Llama-2-7B-GGUF")
+    assert bad.returncode == 1 and "give hf:OWNER/REPO" in bad.stderr
+    missing = werk(home, env, "models", "pull", "hf:acme/absent")
+    assert missing.returncode == 1 and "hf:acme/absent" in missing.stderr
+    assert not (home / "models").exists() or not list((home / "models").glob("*.json"))
+
+
+@needs_llama_server
+def test_an_interrupted_pull_leaves_nothing_and_the_next_one_serves_a_chat(
+    tmp_path: Path, hub: tuple[Hub, str]
+) -> None:
+    state, endpoint = hub
+    env, home = pull_env(tmp_path, endpoint), tmp_path / "home"
+    state.stall.set()  # the download stalls halfway: the user presses Ctrl+C
+    first = subprocess.Popen(
+        [str(WERK), "models", "pull", f"hf:{REPO}:f16"],
+        env=werk_env(home, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert state.stalled.wait(60), "the download never started"
+    time.sleep(0.5)  # the client is mid-download, its temporary file open
+    first.send_signal(signal.SIGINT)  # Ctrl+C
+    first.communicate(timeout=30)
+    assert first.returncode != 0
+    state.stall.clear()
+    state.release.set()
+    assert not (home / "models").exists() or not list((home / "models").glob("*.json"))
+    # huggingface_hub (2.x) downloads into a per-process temporary file and deletes it when the
+    # download fails, so nothing half-written stays in the cache either.
+    assert not list((tmp_path / "hf").rglob("*.incomplete"))
+    assert not [p for p in (tmp_path / "hf").rglob("*.gguf")]
+
+    done = werk(home, env, "models", "pull", f"hf:{REPO}:f16", "--json")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(done.stdout)
+    assert (manifest["id"], manifest["backend"]) == ("tiny-F16", "llamacpp")
+    assert (
+        manifest["files"][0]["sha256"] == hashlib.sha256(state.files["tiny-F16.gguf"]).hexdigest()
+    )
+    assert not list((tmp_path / "hf").rglob("*.incomplete"))
+
+    # Offline, the cached repository is pulled (imported) again without the hub.
+    offline_env = {**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    offline = werk(home, offline_env, "models", "pull", f"hf:{REPO}:f16", "--id", "again")
+    assert offline.returncode == 0, offline.stderr
+    assert "imported again (llamacpp)" in offline.stdout
+    absent = werk(home, offline_env, "models", "pull", "hf:acme/other:f16")
+    assert absent.returncode == 1 and "not in the Hugging Face cache" in absent.stderr
+
+    with werk_serve(home, ("--model", "tiny-F16")) as served, served.client() as client:
+        chat = {
+            "model": "tiny-F16",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+        }
+        answer = client.post("/v1/chat/completions", json=chat)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] > 0
