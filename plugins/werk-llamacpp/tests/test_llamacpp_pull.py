@@ -184,8 +184,12 @@ def test_an_interrupted_pull_leaves_nothing_and_the_next_one_serves_a_chat(
     assert not list((tmp_path / "hf").rglob("*.incomplete"))
     assert not [p for p in (tmp_path / "hf").rglob("*.gguf")]
 
-    done = werk(home, env, "models", "pull", f"hf:{REPO}:f16", "--json")
+    # The client draws its bar on a terminal; TQDM_POSITION=-1 draws it into the pipe too.
+    done = werk(home, {**env, "TQDM_POSITION": "-1"}, "models", "pull", f"hf:{REPO}:f16", "--json")
     assert done.returncode == 0, done.stderr
+    # The client's progress bar: the file, a percentage, the bytes and the speed.
+    assert "tiny-F16.gguf" in done.stderr and "100%" in done.stderr, done.stderr
+    assert "1.13M/1.13M" in done.stderr and "B/s" in done.stderr, done.stderr
     manifest = json.loads(done.stdout)
     assert (manifest["id"], manifest["backend"]) == ("tiny-F16", "llamacpp")
     assert (
