@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from ..plugins import WerkPluginManager
 
 models_app = typer.Typer(
-    help="Import, list and remove models. A model is a manifest of files with SHA-256 digests; "
-    "its identity changes whenever its files do.",
+    help="Pull, import, inspect, list and remove models. A model is a manifest of files with "
+    "SHA-256 digests; its identity changes whenever its files do.",
     no_args_is_help=True,
 )
 app.add_typer(models_app, name="models")
