@@ -219,8 +219,8 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
         refuses a start that cannot fit with ``resource_exhausted``; ``None`` for one model
         means "no bound can be given" (it starts unaccounted). A raised :class:`werk.WerkError`
         fails the start. Requires ``start``.
-    :ivar inspect: optional function ``ModelSpec -> ModelFacts`` (plain, not a coroutine; it
-        runs in a worker thread) that reads the model's files without loading them. ``werk
+    :ivar inspect: optional function ``ModelSpec -> ModelFacts`` (plain, not a coroutine; the
+        command calls it directly) that reads the model's files without loading them. ``werk
         models import`` calls it before writing the manifest, so a file the backend cannot load
         is refused with its reason (raise :class:`werk.InvalidRequest`); ``werk models show``
         prints what it returns.

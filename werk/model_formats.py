@@ -37,7 +37,6 @@ TRANSFORMERS = "hf"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".npz", ".msgpack")
 _MAX_JSON_BYTES = 16 * 1024 * 1024
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
-_DTYPE_NAMES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": "I8", "U8": "U8"}
 
 
 def formats_of(paths: list[Path]) -> set[str]:
@@ -139,7 +138,7 @@ def _tensor_summary(weights: list[Path]) -> tuple[int | None, str | None]:
             count += elements
             by_type[str(tensor.get("dtype", "?"))] += elements
     dominant = by_type.most_common(1)[0][0] if by_type else None
-    return count, _DTYPE_NAMES.get(dominant or "", dominant)
+    return count, dominant
 
 
 def _positive(config: dict[str, Any], *keys: str) -> int | None:

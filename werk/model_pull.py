@@ -6,8 +6,8 @@ A GGUF repository holds one file per quantisation: the selector picks one, by ex
 or by a case-insensitive part of it (``Q4_K_M``); a split GGUF (``-00001-of-00003.gguf``)
 downloads every part and imports the first. A repository without GGUF files is a model
 directory (``config.json`` or ``model_index.json``) and is downloaded whole. Nothing is imported
-until every file is complete. A dropped connection is resumed by the client within the run
-(``Range``); a pull stopped with Ctrl+C leaves neither a model nor a partial file (the client
+until every file is complete. huggingface_hub retries a dropped connection itself within the
+run; a pull stopped with Ctrl+C leaves neither a model nor a partial file (the client
 downloads into a per-process temporary file) and starts the file again next time. With
 ``HF_HUB_OFFLINE=1`` the file listing comes from the cache, so a cached repository is pulled
 (imported) without the hub.
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
+from .model_stores import cached_model_revisions, hub_client
 from .protocol import InvalidRequest, NotFound, Unavailable, WerkError
 
 __all__ = ["Pulled", "parse_source", "pull"]
@@ -34,7 +34,6 @@ class Pulled(msgspec.Struct, frozen=True, kw_only=True):
     """What a pull downloaded: the paths to import (a file or the snapshot folder) and their
     format, and the id it suggests."""
 
-    repo: str
     paths: tuple[str, ...]
     format: str
     suggested_id: str
@@ -80,32 +79,14 @@ def _pick_gguf(repo: str, ggufs: list[str], selector: str | None) -> list[str]:
     return sorted(f for f in ggufs if f.startswith(stem) and _part(f) is not None)
 
 
-def _client() -> Any:
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise InvalidRequest(
-            "pulling from the Hugging Face Hub needs huggingface_hub: pip install 'werk[hub]'"
-        ) from None
-    return huggingface_hub
-
-
 def _cached_files(repo: str) -> list[str]:
     """The files of ``repo``'s latest cached revision (``HF_HUB_OFFLINE=1``: the hub is not
     asked)."""
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
-    try:
-        repos = scan_cache_dir().repos
-    except CacheNotFound:
-        repos = frozenset()
-    for cached in repos:
-        if cached.repo_id == repo and cached.repo_type == "model" and cached.revisions:
-            latest = max(cached.revisions, key=lambda r: r.last_modified)
-            root = Path(latest.snapshot_path)
-            return sorted(str(Path(f.file_path).relative_to(root)) for f in latest.files)
-    raise NotFound(f"hf:{repo} is not in the Hugging Face cache, and HF_HUB_OFFLINE=1 is set")
+    latest = cached_model_revisions().get(repo)
+    if latest is None:
+        raise NotFound(f"hf:{repo} is not in the Hugging Face cache, and HF_HUB_OFFLINE=1 is set")
+    root = Path(latest.snapshot_path)
+    return sorted(str(Path(f.file_path).relative_to(root)) for f in latest.files)
 
 
 def pull(source: str, *, revision: str | None = None) -> Pulled:
@@ -115,7 +96,7 @@ def pull(source: str, *, revision: str | None = None) -> Pulled:
     :raises werk.NotFound: no such repository or revision.
     :raises werk.Unavailable: the hub could not be reached or a download failed (retry).
     """
-    hub = _client()
+    hub = hub_client()
     from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -145,7 +126,7 @@ def pull(source: str, *, revision: str | None = None) -> Pulled:
             ]
             first = Path(paths[0]).name
             suggested = re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", first, flags=re.IGNORECASE)
-            return Pulled(repo=repo, paths=(paths[0],), format="gguf", suggested_id=suggested)
+            return Pulled(paths=(paths[0],), format="gguf", suggested_id=suggested)
         marker = "model_index.json" if "model_index.json" in files else "config.json"
         if marker not in files:
             raise InvalidRequest(f"{repo} holds no GGUF file, config.json or model_index.json")
@@ -169,7 +150,6 @@ def pull(source: str, *, revision: str | None = None) -> Pulled:
             f"hf:{repo} could not be downloaded ({type(exc).__name__}); run the pull again"
         ) from None
     return Pulled(
-        repo=repo,
         paths=(folder,),
         format="diffusers" if marker == "model_index.json" else "hf",
         suggested_id=repo.split("/")[-1],

@@ -23,12 +23,20 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from .protocol import InvalidRequest, NotFound
 
-__all__ = ["STORES", "StoreModel", "find_in_store", "store_models"]
+__all__ = [
+    "STORES",
+    "StoreModel",
+    "cached_model_revisions",
+    "find_in_store",
+    "hub_client",
+    "store_models",
+]
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_DEFAULT_PREFIX = ("registry.ollama.ai", "library")
@@ -97,25 +105,40 @@ def ollama_models(root: Path | None = None) -> list[StoreModel]:
     return found
 
 
+def hub_client() -> Any:
+    """The ``huggingface_hub`` module.
+
+    :raises werk.InvalidRequest: it is not installed (the ``hub`` extra)."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise InvalidRequest(
+            "the Hugging Face Hub and cache need huggingface_hub: pip install 'werk[hub]'"
+        ) from None
+    return huggingface_hub
+
+
+def cached_model_revisions(cache_dir: Path | None = None) -> dict[str, Any]:
+    """The latest cached revision (``huggingface_hub.CachedRevisionInfo``) of every model
+    repository in the Hugging Face cache, by repository id; empty when there is no cache."""
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        repos = hub_client().scan_cache_dir(cache_dir).repos
+    except CacheNotFound:
+        return {}
+    return {
+        repo.repo_id: max(repo.revisions, key=lambda r: r.last_modified)
+        for repo in sorted(repos, key=lambda r: r.repo_id)
+        if repo.repo_type == "model" and repo.revisions
+    }
+
+
 def hf_cache_models(cache_dir: Path | None = None) -> list[StoreModel]:
     """Every GGUF file and model directory in the Hugging Face cache (latest revision of each
     model repository)."""
-    try:
-        from huggingface_hub import scan_cache_dir
-        from huggingface_hub.errors import CacheNotFound
-    except ImportError:
-        raise InvalidRequest(
-            "reading the Hugging Face cache needs huggingface_hub: pip install 'werk[hub]'"
-        ) from None
-    try:
-        info = scan_cache_dir(cache_dir)
-    except CacheNotFound:
-        return []
     found = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model" or not repo.revisions:
-            continue
-        revision = max(repo.revisions, key=lambda r: r.last_modified)
+    for repo_id, revision in cached_model_revisions(cache_dir).items():
         files = {f.file_name: f for f in revision.files}
         snapshot = Path(revision.snapshot_path)
         for name, cached in sorted(files.items()):
@@ -123,7 +146,7 @@ def hf_cache_models(cache_dir: Path | None = None) -> list[StoreModel]:
                 found.append(
                     StoreModel(
                         store="hf-cache",
-                        name=f"{repo.repo_id}:{Path(name).name}",
+                        name=f"{repo_id}:{Path(name).name}",
                         format="gguf",
                         paths=(str(cached.file_path),),
                         size=cached.size_on_disk,
@@ -134,7 +157,7 @@ def hf_cache_models(cache_dir: Path | None = None) -> list[StoreModel]:
             found.append(
                 StoreModel(
                     store="hf-cache",
-                    name=repo.repo_id,
+                    name=repo_id,
                     format="diffusers" if marker == "model_index.json" else "hf",
                     paths=(str(snapshot),),
                     size=revision.size_on_disk,

@@ -17,7 +17,7 @@ from typing import Any
 from werk import ModelFacts, ModelSpec, RuntimeRequirement
 
 from .args import last_value, model_file, parse_options, reserved_state_slots
-from .requirement import _field, read_header_facts, requirement_for
+from .requirement import _field, header_facts, requirement_for
 
 __all__ = ["inspect_model", "quantization_name"]
 
@@ -55,7 +55,9 @@ def inspect_model(spec: ModelSpec) -> ModelFacts:
     import gguf
 
     path: Path = model_file(spec)
-    header = read_header_facts(path)  # refuses a file that is not a usable GGUF, with why
+    # Refuses a file that is not a usable GGUF, with why; cached per file identity, so the
+    # estimate below reads no header again and the display fields are the one more parse.
+    header = header_facts(path)
     reader = gguf.GGUFReader(str(path))
     arch = str(_field(reader, "general.architecture"))
     options = parse_options(spec.options)
