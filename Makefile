@@ -10,7 +10,7 @@ STAMP := $(VENV)/.werk-setup
 PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/werk-media
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: setup llama-server vllm-env media-env qwen-tts-env demo serve test lint typecheck pytest clean
+.PHONY: setup llama-server vllm-env media-env qwen-tts-env browser demo serve test lint typecheck pytest screenshots clean
 
 # The test suite's managed backend environments (multi-gigabyte), cached across runs like the
 # llama-server build; `werk backends install` is a no-op with --if-needed once one is ready.
@@ -44,6 +44,18 @@ media-env: setup
 qwen-tts-env: setup
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install qwen-tts --if-needed
 
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it through
+# executable_path). Installed when missing, as root; otherwise this says what to install.
+browser:
+	@command -v chromium > /dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq --no-install-recommends chromium > /dev/null; \
+		else \
+			echo "the dashboard tests need Debian's chromium: sudo apt-get install --no-install-recommends chromium" >&2; \
+			exit 1; \
+		fi; }
+
 # The embedded default model: a small generated GGUF imported as `demo` (idempotent).
 demo: llama-server
 	$(BIN)/werk models create-demo --id demo
@@ -62,8 +74,13 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup llama-server vllm-env media-env qwen-tts-env
+pytest: setup llama-server vllm-env media-env qwen-tts-env browser
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/pytest
+
+# The dashboard screenshots in docs/images/, taken by its browser test.
+screenshots: setup llama-server media-env browser
+	WERK_BACKENDS_DIR=$(TEST_BACKENDS) WERK_DASHBOARD_SCREENSHOTS=docs/images \
+		$(BIN)/pytest -q tests/dashboard/test_dashboard_browser.py
 
 test: lint typecheck pytest
 

@@ -306,13 +306,15 @@ def serve(
 
         configure_logging(log_level)
         configure_access_log(not quiet)
+        app = build_app(service, auth, metrics_public=metrics_public)
         return make_server(
-            build_app(service, auth, metrics_public=metrics_public),
+            app,
             host=host,
             port=port,
             header_timeout=header_timeout,
             shutdown_grace=shutdown_grace,
             log_level=log_level,
+            on_stop=app.state.dashboard_streams.stop,
         )
 
     import anyio  # here, not at module level: every werk command imports this module

@@ -1,4 +1,4 @@
-"""The ASGI application: ``/werk/v1`` + ``/v1`` + the OpenAPI document."""
+"""The ASGI application: ``/werk/v1`` + ``/v1`` + the OpenAPI document + the dashboard."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from starlette.routing import Route
 
 from ..control.interface import WerkControl
 from ..protocol import encode
+from .activity import Activity
 from .auth import Authenticator
+from .dashboard import EventStreams, dashboard_routes
 from .errors import error_response
 from .exchange import ExchangeMiddleware
 from .guard import admit
@@ -30,8 +32,13 @@ def build_app(
 ) -> Starlette:
     """Assemble the application. Its lifespan runs ``control``'s job queue and idle unloader
     and then closes ``control`` (stopping every runtime). ``metrics_public``: a loopback client
-    may scrape ``/metrics`` without a key (``werk serve --metrics-public``)."""
+    may scrape ``/metrics`` without a key (``werk serve --metrics-public``).
+
+    ``app.state.dashboard_streams`` (:class:`werk.http.dashboard.EventStreams`): its ``stop()``
+    ends the dashboard's live streams; the server calls it when it begins to stop."""
     http_metrics = HttpMetrics()
+    activity = Activity()
+    streams = EventStreams()
     document = _OpenAPIDocument()
 
     @contextlib.asynccontextmanager
@@ -57,7 +64,8 @@ def build_app(
 
     app = Starlette(
         # Starlette tries the routes in order (a regex match each): /v1, the hot path, first.
-        # No path of one group can match in another (/v1/…, /werk/v1/…, /metrics).
+        # No path of one group can match in another (/v1/…, /werk/v1/…, /metrics, the
+        # dashboard's / and /dashboard/…).
         routes=[
             *openai_routes(control, auth),
             *werk_routes(control, auth),
@@ -67,11 +75,13 @@ def build_app(
                 metrics_endpoint(control, auth, http_metrics, public=metrics_public),
                 methods=["GET"],
             ),
+            *dashboard_routes(control, auth, activity, streams),
         ],
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
-    app.add_middleware(ExchangeMiddleware, metrics=http_metrics)
+    app.add_middleware(ExchangeMiddleware, metrics=http_metrics, activity=activity)
+    app.state.dashboard_streams = streams
     return app
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from ..protocol import AuthMode, Unauthenticated
 from .links import OutputLinks
+from .sessions import SessionSigner
 
 __all__ = ["Authenticator"]
 
@@ -22,8 +23,8 @@ class Authenticator:
 
     :param api_keys: the accepted keys; empty means unauthenticated local mode.
     :param derive_principal: maps an accepted key to its principal (HMAC under the namespace key).
-    :param link_secret: the secret output links are signed under (the namespace key, so links
-        outlive a restart); ``None``: a random one for this process.
+    :param link_secret: the secret output links and dashboard sessions are signed under (from
+        the namespace key, so both outlive a restart); ``None``: a random one for this process.
     :param loopback_hosts_only: in unauthenticated mode, refuse requests whose ``Host`` is not a
         loopback name (DNS-rebinding defence). Only ``--insecure-no-auth`` on a non-loopback
         bind turns it off, since such a server is meant to be reached by other names.
@@ -39,6 +40,7 @@ class Authenticator:
     ) -> None:
         self._keys = [(key.encode(), derive_principal(key)) for key in api_keys if key]
         self.links = OutputLinks(link_secret)
+        self.sessions = SessionSigner(link_secret, (principal for _, principal in self._keys))
         self.mode = AuthMode.API_KEY if self._keys else AuthMode.UNAUTHENTICATED_LOCAL
         self.loopback_hosts_only = loopback_hosts_only
 

@@ -16,9 +16,10 @@ passes through it once.
   and a client must not reuse a connection in that state.
 * **Shutdown.** A request still running when a stopping server's grace period ends is
   cancelled with one log line (no traceback).
-* **Metrics and the access log.** Counted and timed by the route template Starlette matched
-  (``unmatched`` when none did), until the last body byte was sent; one access-log line
-  (:mod:`werk.http.access`).
+* **Metrics, the access log and the activity tail.** Counted and timed by the route template
+  Starlette matched (``unmatched`` when none did), until the last body byte was sent; one
+  access-log line (:mod:`werk.http.access`); one entry in the dashboard's activity tail
+  (:mod:`werk.http.activity`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..protocol import InvalidRequest
 from .access import log_exchange
+from .activity import Activity
 from .errors import error_response
 from .metrics import HttpMetrics
 from .requests import REQUEST_ID_HEADER, new_request_id, set_request_id
@@ -50,9 +52,12 @@ _CLOSE = (b"connection", b"close")
 class ExchangeMiddleware:
     """Request id, request-framing rules and HTTP metrics for every ``http`` exchange."""
 
-    def __init__(self, app: ASGIApp, metrics: HttpMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: HttpMetrics, activity: Activity | None = None
+    ) -> None:
         self.app = app
         self.metrics = metrics
+        self.activity = activity
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -119,3 +124,5 @@ class ExchangeMiddleware:
             seconds = time.perf_counter() - started
             self.metrics.observe(route, str(scope.get("method", "")), status, seconds)
             log_exchange(scope, status, seconds, request_id)
+            if self.activity is not None:
+                self.activity.record(scope, status, seconds)

@@ -1,4 +1,5 @@
-"""Per-request admission: Host-header check (DNS rebinding) and authentication."""
+"""Per-request admission: the Host and Origin checks (DNS rebinding, cross-site requests) and
+authentication by API key or dashboard session cookie."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import TYPE_CHECKING
 
 from ..protocol import AuthMode, InvalidRequest
 from .auth import Authenticator
+from .sessions import SESSION_COOKIE
 
 if TYPE_CHECKING:  # not at run time: `werk serve` checks its bind address before starlette loads
     from starlette.requests import Request
 
-__all__ = ["admit", "is_loopback_host"]
+__all__ = ["admit", "check_host", "check_origin", "is_loopback_host"]
 
 _LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
 
@@ -33,12 +35,9 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def admit(request: Request, auth: Authenticator) -> str:
-    """Return the caller's principal or raise.
-
-    In unauthenticated local mode a request whose ``Host`` is not a loopback name or address is
-    refused: a web page that rebinds its DNS name to 127.0.0.1 must not reach the server.
-    """
+def check_host(request: Request, auth: Authenticator) -> None:
+    """In unauthenticated local mode refuse a request whose ``Host`` is not a loopback name or
+    address: a web page that rebinds its DNS name to 127.0.0.1 must not reach the server."""
     if auth.mode is AuthMode.UNAUTHENTICATED_LOCAL and auth.loopback_hosts_only:
         host = request.headers.get("host", "")
         if not is_loopback_host(host):
@@ -46,4 +45,50 @@ def admit(request: Request, auth: Authenticator) -> str:
                 "Host header is not a loopback name; unauthenticated local mode serves only "
                 "loopback clients (configure an API key to serve other names)"
             )
-    return auth.principal(request.headers.get("authorization"))
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def check_origin(request: Request, *, required: bool) -> None:
+    """Refuse a request a browser sent from another origin: its ``Origin`` header must name
+    this server as the request's ``Host`` does. ``required``: a request without ``Origin`` is
+    refused too (a state-changing request a browser authenticated by cookie always has one)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        if required:
+            raise InvalidRequest("this request needs an Origin header naming this server")
+        return
+    _, sep, authority = origin.partition("://")
+    host = request.headers.get("host", "")
+    if not sep or not host or authority.rstrip("/").lower() != host.lower():
+        raise InvalidRequest(
+            "the request's Origin is not this server; cross-site requests are refused"
+        )
+
+
+def admit(request: Request, auth: Authenticator) -> str:
+    """Return the caller's principal or raise.
+
+    * :func:`check_host` (unauthenticated local mode).
+    * An ``Authorization: Bearer`` key decides when present (scripts, SDKs).
+    * Without one, a dashboard session cookie (:mod:`werk.http.sessions`) does; its request
+      must come from this server's own origin (:func:`check_origin`), and a state-changing one
+      must say so.
+    * In unauthenticated local mode a request from a foreign origin is refused: a page on
+      another site must not drive a loopback server that asks for no key.
+
+    The principal is recorded in the request scope (``werk_principal``) for the activity tail.
+    """
+    check_host(request, auth)
+    authorization = request.headers.get("authorization")
+    if auth.mode is AuthMode.UNAUTHENTICATED_LOCAL:
+        check_origin(request, required=False)
+        principal = auth.principal(authorization)
+    elif authorization is None and SESSION_COOKIE in request.cookies:
+        check_origin(request, required=request.method not in _SAFE_METHODS)
+        principal = auth.sessions.principal(request.cookies[SESSION_COOKIE])
+    else:
+        principal = auth.principal(authorization)
+    request.scope["werk_principal"] = principal
+    return principal

@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -219,6 +221,18 @@ def configure_logging(level: str = "warning") -> None:
     logger.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "WARNING")
 
 
+class _StoppingServer(uvicorn.Server):
+    """uvicorn's server that first tells the app it is stopping (``on_stop``), so that
+    endless streams (the dashboard's) end at once instead of holding the shutdown grace."""
+
+    on_stop: Callable[[], None] | None = None
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_stop is not None:
+            self.on_stop()
+        await super().shutdown(sockets)
+
+
 def make_server(
     app: ASGIApp,
     *,
@@ -227,8 +241,10 @@ def make_server(
     header_timeout: float = HEADER_TIMEOUT_SECONDS,
     log_level: str = "warning",
     shutdown_grace: float = GRACEFUL_SHUTDOWN_SECONDS,
+    on_stop: Callable[[], None] | None = None,
 ) -> uvicorn.Server:
-    """A uvicorn server for ``app``; ``server.run()`` handles SIGINT/SIGTERM gracefully."""
+    """A uvicorn server for ``app``; ``server.run()`` handles SIGINT/SIGTERM gracefully, and
+    calls ``on_stop`` first when it begins to stop."""
     protocol = type(
         "WerkH11Protocol", (HeaderDeadlineProtocol,), {"header_timeout": header_timeout}
     )
@@ -244,4 +260,6 @@ def make_server(
         timeout_keep_alive=5,
         timeout_graceful_shutdown=math.ceil(shutdown_grace),
     )
-    return uvicorn.Server(config)
+    server = _StoppingServer(config)
+    server.on_stop = on_stop
+    return server
