@@ -101,6 +101,7 @@ export function renderRuntimes(snapshot, act) {
 export function renderStates(snapshot, act) {
   const states = snapshot.states;
   $("states-empty").hidden = states.length > 0;
+  $("states-more").hidden = !snapshot.more_states;
   syncRows($("states").tBodies[0], states, (s) => s.id, (state) => {
     const box = el("input", { type: "checkbox", "aria-label": `Select ${state.id}`, "data-state": state.id });
     const row = el("tr", {}, el("td", {}, box), el("th", { scope: "row" }), el("td"), el("td"),
