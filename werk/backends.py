@@ -376,9 +376,13 @@ class PrefillCall(msgspec.Struct, frozen=True, kw_only=True):
     :ivar messages: the chat messages (with ``messages``), or ``None``.
     :ivar policy: the effective (already defaulted) policy.
     :ivar keep: ``True`` when the host wants a named state back (retention is not ephemeral).
-    :ivar reuse_from: a compatible state to continue from, when the host found one: always a
-        state of exactly this prompt (the host matches whole-prompt fingerprints, never a
-        prefix), so nothing is left to evaluate.
+    :ivar reuse_from: a compatible state to continue from, when the host found one: a state
+        of exactly this prompt (``continued`` false: nothing is left to evaluate), or — only
+        when the backend reports ``runtime.state.restore.prefix`` ``experimental`` or
+        ``supported`` — a state whose prompt shares a prefix with this one (``continued``
+        true): the backend evaluates the rest on top of it and reports the reuse it observed
+        in ``cached_tokens``.
+    :ivar continued: whether ``reuse_from`` holds only a prefix of this prompt.
     """
 
     prompt: str | None = None
@@ -386,6 +390,7 @@ class PrefillCall(msgspec.Struct, frozen=True, kw_only=True):
     policy: Policy = msgspec.field(default_factory=Policy)
     keep: bool = False
     reuse_from: BackendState | None = None
+    continued: bool = False
 
 
 class PrefillOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -394,11 +399,14 @@ class PrefillOutcome(msgspec.Struct, frozen=True, kw_only=True):
     :ivar state: the evaluated prefix (always present: decode continues from it).
     :ivar prompt_tokens: tokens in the prompt.
     :ivar cached_tokens: tokens the backend reports it reused, ``None`` if it does not say.
+    :ivar restored_tokens: tokens of ``reuse_from`` the backend restored (from a ``file`` or
+        ``bytes`` payload) for this prefill, by its own count; ``None`` when it restored none.
     """
 
     state: BackendState
     prompt_tokens: int
     cached_tokens: int | None = None
+    restored_tokens: int | None = None
 
 
 class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):

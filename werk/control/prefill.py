@@ -16,7 +16,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,6 @@ from ..backends import (
 )
 from ..protocol import (
     CapabilityId,
-    CapabilityStatus,
     DecodeRequest,
     DecodeResponse,
     DecodeUsage,
@@ -46,6 +45,7 @@ from ..protocol import (
     PrefillUsage,
     Reuse,
     ReuseInfo,
+    ReuseMatch,
     ReuseOutcome,
     ReuseUnavailable,
     StateSummary,
@@ -60,9 +60,11 @@ from ..state.policy import (
     effective_prefill_policy,
     resolve_retention,
 )
+from ..state.prefixes import prefix_chain
 from ..state.principals import prompt_fingerprint
 from .accounting import RestoreResult
 from .context import ServiceContext
+from .continuation import prefix_offered, prefix_proven, why_not_across
 from .gates import gate, status_of
 
 __all__ = ["PrefillFlow"]
@@ -78,6 +80,19 @@ class _Reusable(msgspec.Struct, frozen=True):
     """A disk state an earlier process generation made (restored on cross-restart proof)."""
     restored: bool = False
     """Handed to the backend from the disk store in this request (counted as a restore)."""
+    prefix: bool = False
+    """Its prompt shares only a prefix with this one: the prefill continues it."""
+
+
+def _reuse_info(outcome: ReuseOutcome, reused: _Reusable | None, done: PrefillOutcome) -> ReuseInfo:
+    if reused is None:
+        return ReuseInfo(outcome=outcome)
+    return ReuseInfo(
+        outcome=outcome,
+        state_id=reused.state_id,
+        match=ReuseMatch.PREFIX if reused.prefix else ReuseMatch.EXACT,
+        restored_tokens=done.restored_tokens,
+    )
 
 
 class _Live(msgspec.Struct, frozen=True):
@@ -111,6 +126,71 @@ class PrefillFlow:
             prompt=request.prompt,
             messages=messages,
         )
+
+    def _chain(
+        self, principal: str, spec: ModelSpec, request: PrefillRequest, *, whole: bool
+    ) -> list[tuple[int, str]]:
+        """The prompt's prefix fingerprints (:mod:`werk.state.prefixes`)."""
+        messages = (
+            [(m.role, m.content) for m in request.messages]
+            if request.messages is not None
+            else None
+        )
+        return prefix_chain(
+            self.s.config.namespace_key,
+            principal,
+            model=spec.id,
+            prompt=request.prompt,
+            messages=messages,
+            whole=whole,
+        )
+
+    async def _find_prefix(
+        self,
+        principal: str,
+        chain: list[tuple[int, str]],
+        envelope: Envelope,
+        runtime: Runtime,
+        allow_experimental: bool,
+    ) -> tuple[_Reusable | None, IncompatibleState | None]:
+        """The stored state sharing the longest prefix with the prompt, restored, when the
+        backend continues prefixes (:mod:`werk.control.continuation`); else why not."""
+        if not prefix_offered(await self.s.rows_for(runtime.model, runtime), allow_experimental):
+            return None, None
+        found = await anyio.to_thread.run_sync(lambda: self.s.catalog.find_prefix(principal, chain))
+        refusal: IncompatibleState | None = None
+        for _shared, stored in found:
+            across = not stored.envelope.compatible_with(envelope)
+            if across and not stored.envelope.compatible_with(envelope, across_generations=True):
+                continue
+            if across and (why_not := await self._why_not_across(runtime, allow_experimental)):
+                refusal = IncompatibleState(
+                    f"a stored state shares a prefix with this prompt, but it cannot be "
+                    f"restored into the running process: {why_not}",
+                    capability=CapabilityId.STATE_RESTORE_CROSS_RESTART,
+                )
+                continue
+            if not across:
+                rows = await self.s.rows_for(runtime.model, runtime)
+                gate(rows, CapabilityId.STATE_RESTORE, allow_experimental=allow_experimental)
+            try:
+                live = await self._restore(principal, stored.id, runtime)
+            except IncompatibleState as exc:
+                refusal = exc
+                continue
+            rows = await self.s.rows_for(runtime.model, runtime)  # the probe may have run
+            if not prefix_proven(rows, allow_experimental):
+                row = status_of(rows, CapabilityId.STATE_RESTORE_PREFIX)
+                why = row.reason if row is not None and row.reason else "not reported"
+                return None, IncompatibleState(
+                    f"the backend has not proven prefix continuation: {why}",
+                    capability=CapabilityId.STATE_RESTORE_PREFIX,
+                )
+            summary = stored.summary(reusable=True)
+            return _Reusable(
+                stored.id, live, summary, earlier_generation=across, restored=True, prefix=True
+            ), None
+        return None, refusal
 
     async def _find_reusable(
         self,
@@ -165,34 +245,8 @@ class PrefillFlow:
         return envelopes, None, refusal
 
     async def _why_not_across(self, runtime: Runtime, allow_experimental: bool) -> str | None:
-        """``None`` when an earlier generation's disk state may be handed to the backend: its
-        cross-restart row is ``experimental`` (or ``supported``) for this generation, or — with
-        the opt-in — both that row and ``runtime.state.restore`` are ``unavailable`` because the
-        backend's proof runs on first use (the backend then checks, and refuses with
-        ``incompatible_state``). Otherwise why not, from the row: a backend whose restore works
-        but whose cross-restart row is not a claim never gets such a state."""
-        rows = await self.s.rows_for(runtime.model, runtime)
-        cross = status_of(rows, CapabilityId.STATE_RESTORE_CROSS_RESTART)
-        restore = status_of(rows, CapabilityId.STATE_RESTORE)
-        if cross is None:
-            return "the backend does not report cross-restart restore"
-        why = f"cross-restart restore is {cross.status.value}: {cross.reason or 'no reason given'}"
-        if cross.status is CapabilityStatus.SUPPORTED:
-            return None
-        if not allow_experimental:
-            if cross.status is CapabilityStatus.EXPERIMENTAL:
-                return "cross-restart restore is experimental and the request did not opt in"
-            return why
-        if restore is None:
-            return "the backend reports no runtime.state.restore row"
-        if cross.status is CapabilityStatus.EXPERIMENTAL:
-            return None
-        if (
-            cross.status is CapabilityStatus.UNAVAILABLE
-            and restore.status is CapabilityStatus.UNAVAILABLE
-        ):
-            return None  # the backend proves it on first use, and refuses if it cannot
-        return why
+        """:func:`werk.control.continuation.why_not_across` for this runtime's rows."""
+        return why_not_across(await self.s.rows_for(runtime.model, runtime), allow_experimental)
 
     async def _restore(self, principal: str, state_id: str, runtime: Runtime) -> BackendState:
         """Hand a hash-verified payload to the backend and mark it loaded only on success.
@@ -256,6 +310,12 @@ class PrefillFlow:
             envelopes, reused, refusal = await self._find_reusable(
                 principal, fingerprint, envelope, runtime, allow
             )
+            if reused is None and refusal is None:  # no state of this very prompt: a prefix?
+                chain = self._chain(principal, spec, request, whole=False)
+                if chain:
+                    reused, refusal = await self._find_prefix(
+                        principal, chain, envelope, runtime, allow
+                    )
             if reused is not None:
                 outcome_kind = ReuseOutcome.REUSED
             elif refusal is not None and policy.reuse is Reuse.REQUIRED:
@@ -275,6 +335,7 @@ class PrefillFlow:
                     policy=policy,
                     keep=policy.retention.value != "ephemeral",
                     reuse_from=reused.payload if reused is not None else None,
+                    continued=reused is not None and reused.prefix,
                 ),
             )
             # The probe (if any) ran inside the backend call: gate on the statuses as they are now.
@@ -304,9 +365,9 @@ class PrefillFlow:
                 reused, outcome_kind = None, ReuseOutcome.FRESH
             summary: StateSummary | None
             state_id: str | None
-            if reused is not None:
+            if reused is not None and not reused.prefix:
                 summary, state_id = reused.summary, reused.state_id
-            else:
+            else:  # a new prompt (a continued one included): keep its own state
                 tier = resolve_retention(policy, statuses, allow_experimental=allow)
                 summary = await self._keep(
                     principal,
@@ -318,6 +379,7 @@ class PrefillFlow:
                     tier,
                     policy.ttl_seconds,
                     policy.pin,
+                    prefixes=lambda: self._chain(principal, spec, request, whole=True),
                 )
                 state_id = summary.id if summary is not None else None
             persisted = summary is not None and summary.tier is Tier.DISK
@@ -331,11 +393,15 @@ class PrefillFlow:
         return PrefillResponse(
             state=summary,
             handoff=issued.to_protocol(),
-            reuse=ReuseInfo(
-                outcome=outcome_kind, state_id=reused.state_id if reused is not None else None
-            ),
+            reuse=_reuse_info(outcome_kind, reused, outcome),
             usage=PrefillUsage(
-                prompt_tokens=outcome.prompt_tokens, cached_tokens=outcome.cached_tokens
+                prompt_tokens=outcome.prompt_tokens,
+                cached_tokens=outcome.cached_tokens,
+                evaluated_tokens=(
+                    outcome.prompt_tokens - outcome.cached_tokens
+                    if outcome.cached_tokens is not None
+                    else None
+                ),
             ),
         )
 
@@ -350,8 +416,11 @@ class PrefillFlow:
         tier: Tier | None,
         ttl_seconds: int | None,
         pin: bool,
+        *,
+        prefixes: Callable[[], list[tuple[int, str]]],
     ) -> StateSummary | None:
-        """Keep the evaluated prefix as a named state in ``tier`` (``None``: ephemeral)."""
+        """Keep the evaluated prefix as a named state in ``tier`` (``None``: ephemeral);
+        a disk state records its prompt's prefix fingerprints (``prefixes()``)."""
         if tier is None:
             return None
         if tier is Tier.BACKEND:
@@ -373,6 +442,7 @@ class PrefillFlow:
         exported: BackendState = await self.s.pm.call_operation(
             Operation.SNAPSHOT, runtime, state=state
         )
+        chain = tuple(fingerprint for _, fingerprint in prefixes())
         started = time.monotonic()
         with _owned_payload(exported) as payload:
             stored = await anyio.to_thread.run_sync(
@@ -387,6 +457,7 @@ class PrefillFlow:
                     ttl_seconds=ttl_seconds,
                     pinned=pin,
                     logical_bytes=exported.logical_bytes,
+                    prefixes=chain,
                 )
             )
         self.s.commit_latency.observe(time.monotonic() - started)

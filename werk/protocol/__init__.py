@@ -82,6 +82,7 @@ from .prefill import (
     PrefillResponse,
     PrefillUsage,
     ReuseInfo,
+    ReuseMatch,
     ReuseOutcome,
 )
 from .residency import (
@@ -200,6 +201,7 @@ __all__ = [
     "Retention",
     "Reuse",
     "ReuseInfo",
+    "ReuseMatch",
     "ReuseOutcome",
     "ReuseUnavailable",
     "RuntimeEnded",

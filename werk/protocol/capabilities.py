@@ -49,6 +49,9 @@ class CapabilityId(enum.StrEnum):
     STATE_RESTORE = "runtime.state.restore"
     STATE_TIER_DISK = "runtime.state.tier.disk"
     STATE_RESTORE_CROSS_RESTART = "runtime.state.restore.cross_restart"
+    STATE_RESTORE_PREFIX = "runtime.state.restore.prefix"
+    """A restored state whose prompt is only a prefix of the new one is continued: the backend
+    evaluates only the rest (a growing conversation continues from its last saved state)."""
     STATE_TIER_RAM = "runtime.state.tier.ram"
     STATE_TIER_VRAM = "runtime.state.tier.vram"
     PD_PREFILL = "runtime.pd.prefill"

@@ -24,6 +24,7 @@ __all__ = [
     "PrefillResponse",
     "PrefillUsage",
     "ReuseInfo",
+    "ReuseMatch",
     "ReuseOutcome",
 ]
 
@@ -83,14 +84,31 @@ class ReuseOutcome(enum.StrEnum):
     DISABLED = "disabled"
 
 
+class ReuseMatch(enum.StrEnum):
+    EXACT = "exact"
+    """The state's prompt is this prompt."""
+    PREFIX = "prefix"
+    """The state's prompt shares a prefix with this one: it was continued."""
+
+
 class ReuseInfo(Response, frozen=True, kw_only=True):
+    """How a prefill reused a named state. ``state_id`` is the state reused (with ``match:
+    prefix``, the one continued; the prefill then keeps a new state for its own prompt);
+    ``restored_tokens`` how many tokens the backend restored from it (when it restored one)."""
+
     outcome: ReuseOutcome
     state_id: str | None = None
+    match: ReuseMatch | None = None
+    restored_tokens: int | None = None
 
 
 class PrefillUsage(Response, frozen=True, kw_only=True):
+    """``cached_tokens``: prompt tokens the backend reported as reused; ``evaluated_tokens``:
+    the ones it computed (``prompt_tokens - cached_tokens``, when it reports reuse)."""
+
     prompt_tokens: int
     cached_tokens: int | None = None
+    evaluated_tokens: int | None = None
 
 
 class PrefillResponse(Response, frozen=True, kw_only=True):

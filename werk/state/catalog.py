@@ -36,7 +36,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -83,6 +83,7 @@ from .metadata import (
     principal_dir_name,
     principal_from_dir_name,
 )
+from .prefixes import longest_shared
 from .prune import BusyCheck, never_busy, select
 from .reconcile import Reconciler, ReconcileReport, delete_state
 from .state_names import StateNames
@@ -207,6 +208,18 @@ class StateCatalog:
         check_fingerprint(fingerprint)
         return [s for s in self.list(principal) if s.fingerprint == fingerprint]
 
+    def find_prefix(
+        self, principal: str, chain: Sequence[tuple[int, str]]
+    ) -> builtins.list[tuple[int, StoredState]]:
+        """Ready, unexpired states sharing a boundary prefix with a prompt whose chain is
+        ``chain`` (:func:`werk.state.prefixes.prefix_chain`), as ``(shared position, state)``:
+        the longest first, the newest first among equals."""
+        if not chain:
+            return []
+        found = [(longest_shared(chain, s.prefixes), s) for s in self.list(principal)]
+        matched = [(shared, s) for shared, s in found if shared > 0]
+        return sorted(matched, key=lambda m: (m[0], m[1].created_at), reverse=True)
+
     def prune_preview(
         self, principal: str, request: PruneRequest, *, busy: BusyCheck = never_busy
     ) -> PruneResult:
@@ -298,8 +311,10 @@ class StateCatalog:
         ttl_seconds: int | None,
         pinned: bool,
         logical_bytes: int | None = None,
+        prefixes: tuple[str, ...] = (),
     ) -> StoredState:
-        """Stream ``payload`` into a new state and publish it atomically.
+        """Stream ``payload`` into a new state and publish it atomically. ``prefixes``: the
+        prompt's prefix fingerprints (:func:`werk.state.prefixes.prefix_chain`).
 
         :raises PayloadTooLarge: over ``max_payload_bytes``; nothing is published.
         :raises StorageError: a write, fsync or rename failed; nothing is published.
@@ -343,6 +358,7 @@ class StateCatalog:
                     logical_bytes=logical_bytes,
                     payload_bytes=size,
                     payload_sha256=sha256,
+                    prefixes=prefixes,
                 )
                 raw = encode_metadata(meta)
                 _fs.create_private_file(sfd, METADATA, raw)

@@ -21,6 +21,7 @@ import msgspec
 from ..protocol.base import rfc3339
 from ..protocol.states import StateStatus, StateSummary, Tier
 from .envelope import Envelope
+from .prefixes import MAX_CHAIN, PREFIX_PATTERN
 
 __all__ = [
     "FINGERPRINT_PATTERN",
@@ -70,8 +71,14 @@ _Time = Annotated[float, msgspec.Meta(ge=0)]
 _Bytes = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class StateMetadata(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The content of ``metadata.json`` (schema version 1)."""
+class StateMetadata(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """The content of ``metadata.json`` (schema version 1).
+
+    ``prefixes`` (the prompt's prefix fingerprints, :mod:`werk.state.prefixes`) is written only
+    when there are some, so a state without them has the same bytes as before the field
+    existed."""
 
     schema: Literal[1]
     id: Annotated[str, msgspec.Meta(pattern=STATE_ID_PATTERN.pattern)]
@@ -86,6 +93,10 @@ class StateMetadata(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     logical_bytes: _Bytes | None
     payload_bytes: _Bytes
     payload_sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+    prefixes: Annotated[
+        tuple[Annotated[str, msgspec.Meta(pattern=PREFIX_PATTERN)], ...],
+        msgspec.Meta(max_length=MAX_CHAIN),
+    ] = ()
 
 
 _encoder = msgspec.json.Encoder()
@@ -138,6 +149,7 @@ class StoredState(msgspec.Struct, frozen=True, kw_only=True):
     payload_bytes: int
     payload_sha256: str
     last_accessed_at: float | None
+    prefixes: tuple[str, ...] = ()
 
     @classmethod
     def from_metadata(
@@ -158,6 +170,7 @@ class StoredState(msgspec.Struct, frozen=True, kw_only=True):
             payload_bytes=meta.payload_bytes,
             payload_sha256=meta.payload_sha256,
             last_accessed_at=last_accessed_at,
+            prefixes=meta.prefixes,
         )
 
     def expired(self, now: float) -> bool:

@@ -65,6 +65,7 @@ PRINCIPAL_PATTERN = re.compile(r"^(?:local|p_[0-9a-f]{64})$")
 DOMAIN_PRINCIPAL = b"werk/principal/v1"
 DOMAIN_PROMPT_KEY = b"werk/prompt-key/v1"
 DOMAIN_PROMPT = b"werk/prompt/v1"
+DOMAIN_PROMPT_PREFIX = b"werk/prompt-prefix/v1"
 DOMAIN_HANDOFF = b"werk/handoff/v1"
 DOMAIN_CACHE_SALT = b"werk/cache-salt/v1"
 DOMAIN_OUTPUT_LINKS = b"werk/output-links/v1"

@@ -75,6 +75,7 @@ PROOFS: dict[str, tuple[str, ...]] = {
     CapabilityId.STATE_RESTORE: ("restore", "restored continuation", "corrupted restore refused"),
     CapabilityId.STATE_PREFIX_CACHE: ("restore",),
     CapabilityId.STATE_RESTORE_CROSS_RESTART: ("cross-restart restore",),
+    CapabilityId.STATE_RESTORE_PREFIX: ("prefix continuation",),
     CapabilityId.EXPERTS_RESIDENCY: ("experts observed",),
 }
 """Which checks prove which core rows: a row claimed ``supported``/``experimental`` whose

@@ -1,6 +1,7 @@
-"""The kit's state checks: split prefill/decode, a disk state and its restore, decode's
-``stop``/``seed``/``temperature``, ``auto`` retention, a corrupted payload, and a restore into a
-later runtime generation (``runtime.state.restore.cross_restart``)."""
+"""The kit's state checks: split prefill/decode, a disk state and its restore, a longer prompt
+continuing it (``runtime.state.restore.prefix``), decode's ``stop``/``seed``/``temperature``,
+``auto`` retention, a corrupted payload, and a restore into a later runtime generation
+(``runtime.state.restore.cross_restart``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from ..backends import BackendState, ModelSpec, Operation, PrefillCall, PrefillOutcome, StateKind
 from ..control.service import LocalControlService
 from ..protocol import (
+    CapabilityId,
+    CapabilityStatus,
     DecodeRequest,
     DecodeResponse,
     FinishReason,
@@ -31,6 +34,9 @@ __all__ = ["PROMPT", "RoundTrip", "StateChecks"]
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
 """Long enough that every backend has whole blocks of it to reuse."""
 AUTO_PROMPT = "Pack my box with five dozen liquor jugs. " * 3
+GROWN_PROMPT = PROMPT * 2
+"""Over one prefix boundary (256 characters): a longer prompt can continue its state."""
+GROWN_TAIL = " Then the fox went home."
 SAMPLED_TEMPERATURE = 0.9
 SEED = 1234
 
@@ -138,6 +144,7 @@ class StateChecks:
             self.fail("handoff single use", exc)
         if state is not None:
             await self._restore(reference.text)
+            await self._prefix_continuation()
         await self._corrupted_restore()
         return out
 
@@ -159,6 +166,50 @@ class StateChecks:
             "restored continuation",
             same,
             "" if same else f"{restored.text!r} after restore, {reference!r} before",
+        )
+
+    async def _prefix_continuation(self) -> None:
+        """A disk state of :data:`GROWN_PROMPT`, then that prompt and more with ``reuse:
+        prefer``: continued (``match: prefix``) with the backend's reuse, and the same text as
+        a cold prefill. Not applicable where the backend does not claim
+        ``runtime.state.restore.prefix`` and the host continued nothing."""
+        name = "prefix continuation"
+        try:
+            rows = (await self.service.capabilities(model=self.spec.id)).capabilities
+            claimed = any(
+                r.id == CapabilityId.STATE_RESTORE_PREFIX
+                and r.status in (CapabilityStatus.SUPPORTED, CapabilityStatus.EXPERIMENTAL)
+                for r in rows
+            )
+            saved = await self.prefill(GROWN_PROMPT, Retention.DISK)
+            await self.decode(saved)  # its handoff ends; the state stays on disk
+            grown = await self.prefill(GROWN_PROMPT + GROWN_TAIL, Retention.EPHEMERAL, Reuse.PREFER)
+            if grown.reuse.match is None and not claimed:
+                await self.decode(grown)
+                self.report.add(name, None, "not claimed; the host continued nothing")
+                return
+            continued = await self.decode(grown)
+            cold = await self.decode(
+                await self.prefill(GROWN_PROMPT + GROWN_TAIL, Retention.EPHEMERAL)
+            )
+        except Exception as exc:
+            self.fail(name, exc)
+            return
+        reuse, usage = grown.reuse, grown.usage
+        problems = []
+        if reuse.match is None or reuse.match.value != "prefix" or saved.state is None:
+            problems.append(f"reuse {reuse.outcome.value}, match {reuse.match}")
+        elif reuse.state_id != saved.state.id:
+            problems.append("continued another state than the one saved")
+        if not usage.cached_tokens or not usage.evaluated_tokens:
+            problems.append(f"{usage.cached_tokens} reused, {usage.evaluated_tokens} evaluated")
+        if continued.text != cold.text:
+            problems.append(f"{continued.text!r} continued, {cold.text!r} cold")
+        self.report.add(
+            name,
+            not problems,
+            "; ".join(problems)
+            or f"{usage.cached_tokens} tokens reused, {usage.evaluated_tokens} evaluated",
         )
 
     async def _corrupted_restore(self) -> None:

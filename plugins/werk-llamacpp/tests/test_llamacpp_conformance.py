@@ -2,7 +2,8 @@
 llama-server and the generated demo model: registration, rows, ``/v1`` (streaming, a client
 that leaves mid-stream, a malformed body) and the state round trip that proves the
 ``experimental`` rows (prefill → disk → decode, single-use handoff, restore with reuse evidence,
-a truncated snapshot refused, decode's stop and seed, auto retention), and a restart whose new
+a truncated snapshot refused, decode's stop and seed, auto retention, a longer prompt continuing
+a disk state: ``runtime.state.restore.prefix``), and a restart whose new
 llama-server restores the first one's disk state (``runtime.state.restore.cross_restart``)."""
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def test_llamacpp_passes_the_conformance_kit(
         "auto retention",
         "runtime restart",
         "cross-restart restore",
+        "prefix continuation",
         "/v1 text completion",
     } <= passed, report.summary()
     assert "claim runtime.state.restore experimental" in passed, report.summary()
+    assert "claim runtime.state.restore.prefix experimental" in passed, report.summary()
 
 
 @pytest.fixture

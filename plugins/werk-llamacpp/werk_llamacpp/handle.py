@@ -56,6 +56,9 @@ class LlamaHandle:
     :ivar cross_restart: the probe's cross-restart step for THIS generation: passed only when
         a slot file an earlier generation of the same lineage saved restored and replayed
         correctly here.
+    :ivar prefix: the probe's prefix-continuation step for THIS generation: passed only when
+        a restored slot continued with a longer prompt reused exactly the restored prefix,
+        evaluated the rest and reproduced a cold run of the longer prompt.
     :ivar slot_lock: serialises every /slots operation and state prefill/decode on this child.
     :ivar restored_slot: ``(slot, epoch, n_restored)`` of the last restore when nothing has
         evaluated in that slot since (the restore's acknowledged token count): a Prefill that
@@ -84,6 +87,11 @@ class LlamaHandle:
     cross_restart: ProbeResult = field(
         default_factory=lambda: ProbeResult(
             ProbeStatus.NOT_RUN, "the functional probe (and its cross-restart step) has not run"
+        )
+    )
+    prefix: ProbeResult = field(
+        default_factory=lambda: ProbeResult(
+            ProbeStatus.NOT_RUN, "the functional probe (and its prefix step) has not run"
         )
     )
     restored_slot: tuple[int, int, int] | None = None

@@ -18,6 +18,9 @@ Capability rows are the seed's llama.cpp columns, computed from what is true now
   also restored a slot file an earlier generation of the same lineage saved (a canary) and
   reproduced its greedy output (``probe.py``, ``canary.py``); otherwise ``unavailable`` with the
   reason (no earlier generation, a corrupt or failing canary, the probe not run or failed).
+* ``runtime.state.restore.prefix``: ``experimental`` only when this generation's probe also
+  continued its restored state with a longer prompt, reusing exactly the restored prefix and
+  reproducing a cold run (``probe.py``, prefix step); otherwise ``unavailable`` with the reason.
 * ``runtime.state.tier.ram|vram`` and ``runtime.experts.residency``: the host reports them
   ``unsupported`` (no tier hook exists; this plugin implements no expert hooks).
 """
@@ -185,22 +188,28 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
         CapabilityReport(id=cap, status=status, operations=ops, reason=reason)
         for cap, ops in _PROBE_GATED
     ]
-    rows.append(_cross_restart(context, status, reason))
+    rows.append(_probe_step(context, status, reason, CapabilityId.STATE_RESTORE_CROSS_RESTART))
+    rows.append(_probe_step(context, status, reason, CapabilityId.STATE_RESTORE_PREFIX))
     return rows
 
 
-def _cross_restart(
-    context: CapabilityContext, state_status: CapabilityStatus, state_reason: str
+def _probe_step(
+    context: CapabilityContext,
+    state_status: CapabilityStatus,
+    state_reason: str,
+    row: CapabilityId,
 ) -> CapabilityReport:
-    """``experimental`` only when this generation's probe restored and replayed a slot file an
-    earlier generation of the same lineage saved (its cross-restart step passed)."""
+    """``experimental`` only when this generation's probe also passed the row's own step: the
+    cross-restart step (a slot file an earlier generation of the same lineage saved restored
+    and replayed) or the prefix step (a restored state continued with a longer prompt)."""
     from .handle import ProbeStatus
 
-    row = CapabilityId.STATE_RESTORE_CROSS_RESTART
     if state_status is not CapabilityStatus.EXPERIMENTAL or context.runtime is None:
         return CapabilityReport(id=row, status=CapabilityStatus.UNAVAILABLE, reason=state_reason)
     handle: LlamaHandle = context.runtime.handle
-    step = handle.cross_restart
+    step = (
+        handle.cross_restart if row is CapabilityId.STATE_RESTORE_CROSS_RESTART else handle.prefix
+    )
     if step.status is ProbeStatus.PASSED:
         return CapabilityReport(
             id=row, status=CapabilityStatus.EXPERIMENTAL, operations=["restore"], reason=step.reason

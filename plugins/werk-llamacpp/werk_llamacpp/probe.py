@@ -37,6 +37,14 @@ Steps, in one state slot (a random nonce makes the prompt unseen before):
    restored position of the KV cache, so one token with its distribution is a finer check than a
    few greedy tokens, and costs one forward pass instead of one per token.
 
+**Prefix step** (after 1-6 passed): the saved probe state is continued with a longer prompt
+(the probe prompt's tokens, then :data:`PROBE_SUFFIX`'s): a cold run of the longer prompt in the
+erased slot gives text and candidates; the slot is erased, the probe file restored, and the same
+longer prompt evaluated there must reuse the restored prefix (``timings.cache_n`` at least the
+prompt's tokens, below all but the last of the longer prompt's: the rest was evaluated) and
+reproduce the cold run's text and candidates. Only then does this generation report
+``runtime.state.restore.prefix`` ``experimental``.
+
 **Cross-restart step** (after 1-6 passed; :mod:`werk_llamacpp.canary`): when an *earlier*
 generation of the same lineage (executable, model, arguments, slot layout, adapter) left a
 canary, its slot file (SHA-256 checked) is restored into the slot, the canary's prompt replayed
@@ -118,6 +126,9 @@ slot is erased first and the RAM cache is off; the nonce only keeps probe prompt
 Short: its evaluation is most of the probe's cost (11 tokens for the demo models' byte-level
 vocabulary: the first, batched evaluation costs ~25 ms plus ~3 ms per token on the 1 B medium
 demo model on 2 cores, each single-token run ~20-30 ms)."""
+
+PROBE_SUFFIX = " and more"
+"""The text the prefix step appends to the probe prompt (its tokens, after the prompt's)."""
 
 CACHE_RAM_FLAGS = ("--cache-ram", "-cram")
 SLOT_PATH_FLAGS = ("--slot-save-path",)
@@ -292,6 +303,47 @@ async def _exercise(handle: LlamaHandle, slot: int, filename: str) -> tuple[str,
     )
 
 
+async def _prefix_step(
+    handle: LlamaHandle, slot: int, filename: str, tokens: Sequence[int]
+) -> ProbeResult:
+    """Step 7: continue the restored probe state with a longer prompt (see the module
+    docstring); never raises for an observation."""
+    try:
+        extended = [*tokens, *await tokenize(handle, PROBE_SUFFIX)]
+        # The cold run evaluates in the chunks the continued one will have: the prompt but its
+        # last token, that token, the suffix but its last token, then the last one (CPU kernels
+        # round differently for different batch shapes; see step 2).
+        await erase_slot(handle, slot)
+        for part in (tokens[:-1], tokens, extended[:-1]):
+            await complete_in_slot(handle, slot, part, n_predict=0)
+        cold = await _probe_run(handle, slot, extended)
+        await erase_slot(handle, slot)
+        await restore_slot(handle, slot, filename)
+        head = await complete_in_slot(handle, slot, extended[:-1], n_predict=0)
+        _require(
+            len(tokens) <= head.timings.cache_n < len(extended) - 1,
+            f"continuing the restored {len(tokens)}-token prefix reused {head.timings.cache_n} "
+            f"tokens of {len(extended) - 1}",
+        )
+        continued = await _probe_run(handle, slot, extended)
+        _require(
+            continued.content == cold.content
+            and _same_candidates(_candidates(continued), _candidates(cold)),
+            "the continued prefix gave other output or candidates than a cold run of the "
+            "same prompt",
+        )
+    except (_ProbeFailed, LlamaRefused) as exc:
+        return ProbeResult(ProbeStatus.FAILED, str(exc))
+    except WerkError as exc:
+        return ProbeResult(ProbeStatus.FAILED, exc.message)
+    return ProbeResult(
+        ProbeStatus.PASSED,
+        f"a restored {len(tokens)}-token state continued with {len(extended) - len(tokens)} "
+        f"more tokens reused {head.timings.cache_n}, evaluated the rest and reproduced a cold "
+        f"run (process generation {handle.generation})",
+    )
+
+
 async def _cross_restart(handle: LlamaHandle, slot: int, own_file: str, own: Canary) -> ProbeResult:
     """The cross-restart step (see the module docstring); never raises for an observation."""
     if not handle.lineage:
@@ -371,6 +423,7 @@ async def run_probe(handle: LlamaHandle) -> ProbeResult:
     try:
         reason, own = await _exercise(handle, slot, filename)
         result = ProbeResult(ProbeStatus.PASSED, reason)
+        handle.prefix = await _prefix_step(handle, slot, filename, own.tokens)
         handle.cross_restart = await _cross_restart(handle, slot, filename, own)
     except (_ProbeFailed, LlamaRefused) as exc:
         result = ProbeResult(ProbeStatus.FAILED, str(exc))
@@ -384,6 +437,7 @@ async def run_probe(handle: LlamaHandle) -> ProbeResult:
             allocator.retire(slot)
     if result.status is ProbeStatus.FAILED:
         handle.cross_restart = ProbeResult(ProbeStatus.FAILED, result.reason)
+        handle.prefix = ProbeResult(ProbeStatus.FAILED, result.reason)
         log.warning("llama-server %s failed the state probe: %s", handle.generation, result.reason)
     return result
 

@@ -208,6 +208,7 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
                 state=live,
                 prompt_tokens=len(tokens),
                 cached_tokens=len(tokens),
+                restored_tokens=restored[2] if restored is not None else None,
             )
         fresh = target is None
         if target is None:
@@ -228,6 +229,7 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
         state=live,
         prompt_tokens=len(tokens),
         cached_tokens=answer.timings.cache_n,
+        restored_tokens=restored[2] if restored is not None and restored[:2] == target else None,
     )
 
 
