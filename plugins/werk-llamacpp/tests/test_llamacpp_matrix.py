@@ -49,6 +49,7 @@ PROBED = (
     "runtime.pd.prefill",
     "runtime.pd.decode",
     "runtime.pd.handoff",
+    "runtime.state.restore.prefix",  # the probe's prefix step, beyond the seed's matrix
 )
 FIXED = {
     "runtime.memory.reservations": SUP,

@@ -25,6 +25,7 @@ FAILED_PROBE_COLUMN = {
     "runtime.state.restore": UNAVAILABLE,
     "runtime.state.tier.disk": UNAVAILABLE,
     "runtime.state.restore.cross_restart": UNAVAILABLE,
+    "runtime.state.restore.prefix": UNAVAILABLE,
     "runtime.state.tier.ram": UNSUPPORTED,
     "runtime.state.tier.vram": UNSUPPORTED,
     "runtime.pd.prefill": UNAVAILABLE,

@@ -105,13 +105,20 @@ async def test_a_working_process_passes_once_and_leaves_nothing_behind(
             group.start_soon(ensure_probed, handle)
     assert handle.probe.status is ProbeStatus.PASSED, handle.probe.reason
     assert "replay reused" in handle.probe.reason
-    # One probe = three completions in the state slot: the prompt but its last token (all
-    # computed), the whole prompt (one computed) and the replay after restore (one computed).
+    assert handle.prefix.status is ProbeStatus.PASSED, handle.prefix.reason
+    # One probe = nine completions in the state slot. Steps 1-6: the prompt but its last token
+    # (all computed), the whole prompt (one computed), the replay after restore (one computed).
+    # The prefix step: a cold run in the chunks a continuation has (the prompt but its last
+    # token, that token, the suffix but its last token, the last token), then the restored
+    # state continued: only the suffix computed, in the same chunks as cold.
     evals = child.prompt_evals(STATE_SLOT)
-    assert len(evals) == before + 3
-    assert evals[-3] > 1 and evals[-2:] == [1, 1]
+    assert len(evals) == before + 9
+    prompt, one, replay, cold_head, cold_last, suffix, last, head, tail = evals[-9:]
+    assert prompt > 1 and one == replay == 1
+    assert cold_head == prompt and cold_last == 1 and suffix > 1 and last == 1
+    assert head == suffix and tail == 1  # the restored prefix was reused, not recomputed
     assert (await ensure_probed(handle)).status is ProbeStatus.PASSED
-    assert len(child.prompt_evals(STATE_SLOT)) == before + 3
+    assert len(child.prompt_evals(STATE_SLOT)) == before + 9
     assert _state_slot_tokens(child) == 0
     assert slot_files(child) == []
 

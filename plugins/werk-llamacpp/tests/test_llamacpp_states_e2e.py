@@ -206,7 +206,7 @@ def _probe_prefill_persist_decode_reuse_and_restart(
         body["state"]["id"],
         "exact",
     )
-    assert again["usage"] == {"prompt_tokens": n, "cached_tokens": n}
+    assert again["usage"] == {"prompt_tokens": n, "cached_tokens": n, "evaluated_tokens": 0}
     assert len(child.prompt_evals(slot)) == evals
     redecoded = _decode(client, again["handoff"]["token"])
     assert redecoded.json()["text"] == decoded.json()["text"]
@@ -238,7 +238,11 @@ def _probe_prefill_persist_decode_reuse_and_restart(
         body["state"]["id"],
         "exact",
     )
-    assert required.json()["usage"] == {"prompt_tokens": n, "cached_tokens": n}
+    assert required.json()["usage"] == {
+        "prompt_tokens": n,
+        "cached_tokens": n,
+        "evaluated_tokens": 0,
+    }
     respawned = ManagedChild(served)
     assert respawned.pid != child.pid
     new_generation = respawned.log_path.parent.name
