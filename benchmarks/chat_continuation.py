@@ -108,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     for turn, prompt, new, warm_s, cold_s, same in rows:
         share, ratio = new / prompt, warm_s / cold_s
         goal = ("met" if ratio <= GOAL else "NOT met") if share <= 0.10 else "-"
+        equal = "yes" if same else "NO"
         print(f"{turn:>4} {prompt:>7} {new:>5} {share * 100:>5.1f}% {warm_s * 1e3:>8.0f}ms "
-              f"{cold_s * 1e3:>7.0f}ms {ratio:>6.3f}  {'yes' if same else 'NO':>4}  {goal}")  # fmt: skip
+              f"{cold_s * 1e3:>7.0f}ms {ratio:>6.3f}  {equal:>4}  {goal}")  # fmt: skip
     return 0
 
 
