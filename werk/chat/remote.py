@@ -2,8 +2,10 @@
 
 The server keeps its live runtime (and whatever prefix cache the backend holds in it) across
 invocations, so ``werk run --server URL`` neither starts a worker nor restores anything; the
-conversation archive stays on the client and the whole history is sent with every turn.
-Nothing here claims cross-restart native KV reuse.
+conversation archive stays on the client and the whole history is sent with every turn. With
+``--persistence``/``--session`` each turn also asks the server to keep the conversation as a
+named state (``persist``): the next turn, even after a server restart, continues from it and
+evaluates only what is new; the server proves that with its own counters.
 
 Transport rules match the bundled client (:mod:`werk.client`): plain ``http://host[:port]``
 only, redirects are never followed, proxies from the environment are ignored, the key comes from
@@ -40,6 +42,10 @@ API_KEY_ENV = "WERK_API_KEY"
 MAX_ERROR_BYTES = 1024 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
 ROUTE = "/v1/chat/completions"
+_NOT_PERSISTABLE = frozenset(
+    {"unsupported", "unavailable", "experimental_opt_in_required", "invalid_request"}
+)
+"""A persisted turn refused for these reasons is asked again without ``werk.persist``."""
 
 
 def check_server_url(server: str) -> str:
@@ -67,6 +73,9 @@ class RemoteEngine:
     :param api_key: bearer key; ``None`` reads ``$WERK_API_KEY``.
     :param timeout: seconds for connect, and for each read while the reply streams.
     :param phase: prints a ``-v`` phase line.
+    :param persist: ask the server to keep each turn as a named state and continue the next
+        turn from it (``"werk": {"persist": true}``, :mod:`werk.control.chat_states`); a server
+        or model that cannot is asked without it for the rest of the session (said on ``-v``).
     """
 
     def __init__(
@@ -77,8 +86,10 @@ class RemoteEngine:
         timeout: float = 300.0,
         phase: Callable[[str], None] = lambda _: None,
         transport: httpx.BaseTransport | None = None,
+        persist: bool = False,
     ) -> None:
         self.server = check_server_url(server)
+        self._persist = persist
         self.label = f"werk serve at {self.server}"
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -108,6 +119,34 @@ class RemoteEngine:
 
     def stream(self, body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
         """POST ``body`` (streaming) and yield the chunk objects of the reply."""
+        if not self._persist:
+            yield from self._stream(body)
+            return
+        persisted = {k: v for k, v in body.items() if k != "stream_options"}
+        persisted["werk"] = {"persist": True, "allow_experimental": True}
+        try:
+            chunks = list(self._stream(persisted))  # one chunk of text: nothing to interleave
+        except WerkError as exc:
+            if exc.code.value not in _NOT_PERSISTABLE:
+                raise
+            self._persist = False
+            self._phase(
+                f"the server does not keep this chat's states ({exc.message}); asking without"
+            )
+            yield from self._stream(body)
+            return
+        for chunk in chunks:
+            state = chunk.get("werk")
+            if isinstance(state, dict):
+                reuse = state.get("reuse") or {}
+                self._phase(
+                    f"server state {state.get('state_id')}: reuse {reuse.get('outcome')}"
+                    f" ({reuse.get('match') or 'no match'}), evaluated "
+                    f"{state.get('evaluated_tokens')} token(s)"
+                )
+        yield from chunks
+
+    def _stream(self, body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
         content = json.dumps(body, ensure_ascii=False).encode("utf-8")
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         try:

@@ -215,7 +215,13 @@ def _conversation_and_engine(
         engine: ChatEngine
         if server is not None:
             engine = stack.enter_context(
-                RemoteEngine(server, api_key=key, timeout=timeout, phase=diagnostics.phase)
+                RemoteEngine(
+                    server,
+                    api_key=key,
+                    timeout=timeout,
+                    phase=diagnostics.phase,
+                    persist=session is not None,
+                )
             )
         else:
             engine = stack.enter_context(

@@ -18,6 +18,7 @@ import msgspec
 from ..backends import OpenAIReply, OpenAIRoute
 from ..protocol import (
     CapabilitiesResponse,
+    ChatStateOptions,
     DecodeRequest,
     DecodeResponse,
     ExpertActionRequest,
@@ -181,6 +182,14 @@ class WerkControl(abc.ABC):
         route: OpenAIRoute,
         body: dict[str, Any],
     ) -> OpenAIReply: ...
+
+    @abc.abstractmethod
+    async def persisted_chat(
+        self, principal: str, body: dict[str, Any], options: ChatStateOptions
+    ) -> dict[str, Any]:
+        """A ``/v1`` chat turn with ``werk.persist``: prefill (continuing the longest saved
+        prefix), decode, supersede (:mod:`werk.control.chat_states`); the
+        ``chat.completion`` object."""
 
     # lifecycle -------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import msgspec
@@ -285,13 +285,22 @@ class PrefillFlow:
         self.s.catalog.export_payload(principal, state_id, target)
         return target
 
-    async def prefill(self, principal: str, request: PrefillRequest) -> PrefillResponse:
+    async def prefill(
+        self, principal: str, request: PrefillRequest, *, origin: Literal["chat"] | None = None
+    ) -> PrefillResponse:
+        """One prefill; ``origin`` is recorded with a kept disk state (``chat``: a persisted
+        ``/v1`` chat turn, :mod:`werk.control.chat_states`)."""
         spec = self.s.spec(request.model)
         with await self.s.runtimes.use(spec) as use:  # busy: no idle unload meanwhile
-            return await self._prefill(principal, request, spec, use.runtime)
+            return await self._prefill(principal, request, spec, use.runtime, origin)
 
     async def _prefill(
-        self, principal: str, request: PrefillRequest, spec: ModelSpec, runtime: Runtime
+        self,
+        principal: str,
+        request: PrefillRequest,
+        spec: ModelSpec,
+        runtime: Runtime,
+        origin: Literal["chat"] | None = None,
     ) -> PrefillResponse:
         effective = effective_prefill_policy(request, self.s.config.persistence_defaults)
         policy, allow = effective.policy, effective.allow_experimental
@@ -380,6 +389,7 @@ class PrefillFlow:
                     policy.ttl_seconds,
                     policy.pin,
                     prefixes=lambda: self._chain(principal, spec, request, whole=True),
+                    origin=origin,
                 )
                 state_id = summary.id if summary is not None else None
             persisted = summary is not None and summary.tier is Tier.DISK
@@ -418,6 +428,7 @@ class PrefillFlow:
         pin: bool,
         *,
         prefixes: Callable[[], list[tuple[int, str]]],
+        origin: Literal["chat"] | None = None,
     ) -> StateSummary | None:
         """Keep the evaluated prefix as a named state in ``tier`` (``None``: ephemeral);
         a disk state records its prompt's prefix fingerprints (``prefixes()``)."""
@@ -458,6 +469,7 @@ class PrefillFlow:
                     pinned=pin,
                     logical_bytes=exported.logical_bytes,
                     prefixes=chain,
+                    origin=origin,
                 )
             )
         self.s.commit_latency.observe(time.monotonic() - started)

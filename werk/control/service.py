@@ -39,6 +39,7 @@ from ..protocol import (
     CapabilitiesResponse,
     CapabilityId,
     CapabilityReport,
+    ChatStateOptions,
     DecodeRequest,
     DecodeResponse,
     ExpertActionRequest,
@@ -77,6 +78,7 @@ from ..state.envelope import Envelope
 from ..state.handoffs import HandoffRegistry
 from ..state.jobs import JobStore
 from .accounting import ReuseAccounting
+from .chat_states import PersistedChats
 from .context import ServiceConfig
 from .experts import ExpertControl
 from .figures import Histogram, ServiceFigures
@@ -150,6 +152,7 @@ class LocalControlService(WerkControl):
         self.job_store = JobStore(config.home, clock=clock)
         self.states = StateViews(self)
         self.flow = PrefillFlow(self)
+        self.chats = PersistedChats(self, self.flow)
         self.experts_control = ExpertControl(self)
         self.openai = OpenAIRequests(self)
         self.job_queue = JobQueue(self, self.openai.request)
@@ -464,6 +467,11 @@ class LocalControlService(WerkControl):
         started: Callable[[], Awaitable[None]] | None = None,
     ) -> OpenAIReply:
         return await self.openai.request(principal, route, body, started=started)
+
+    async def persisted_chat(
+        self, principal: str, body: dict[str, Any], options: ChatStateOptions
+    ) -> dict[str, Any]:
+        return await self.chats.complete(principal, body, options)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ..backends import OpenAIReply
+from ..control.chat_states import chat_state_options
 from ..control.interface import WerkControl
 from ..protocol import (
     BackendError,
@@ -145,6 +146,13 @@ def _completion_route(
             body = await read_object(request, OPENAI_BODY)
             if route == "chat.completions":
                 _require_messages(body)
+                options = chat_state_options(body)
+                if options is not None and options.persist:
+                    answer = await control.persisted_chat(principal, body, options)
+                    if body.get("stream") is True:
+                        return _replayed_stream(answer)
+                    return Response(encode(answer), 200, media_type="application/json")
+                body.pop("werk", None)  # Werk's own member: never relayed
             elif route == "embeddings":
                 _require_input(body)
             reply = await control.openai_request(principal, route, body)
@@ -156,6 +164,30 @@ def _completion_route(
             return error_response(request, exc)
 
     return run
+
+
+def _replayed_stream(answer: dict[str, Any]) -> Response:
+    """A persisted turn's answer as OpenAI's chunk stream: the role, the whole text in one
+    chunk (the decode is not incremental), the finish reason with the usage, ``[DONE]``."""
+    (choice,) = answer["choices"]
+    base = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {**base, "choices": [{"index": 0, "delta": {"content": choice["message"]["content"]}}]},
+        {
+            **base,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
+            "usage": answer["usage"],
+            "werk": answer["werk"],
+        },
+    ]
+    body = b"".join(b"data: " + encode(chunk) + b"\n\n" for chunk in chunks)
+    return Response(
+        body + b"data: [DONE]\n\n",
+        200,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+    )
 
 
 def _require_messages(body: dict[str, Any]) -> None:

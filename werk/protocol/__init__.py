@@ -73,6 +73,7 @@ from .policy import (
 from .prefill import (
     MAX_COMPLETION_BYTES,
     ChatMessage,
+    ChatStateOptions,
     DecodeRequest,
     DecodeResponse,
     DecodeUsage,
@@ -136,6 +137,7 @@ __all__ = [
     "CapabilityReport",
     "CapabilityStatus",
     "ChatMessage",
+    "ChatStateOptions",
     "Conflict",
     "DecodeRequest",
     "DecodeResponse",

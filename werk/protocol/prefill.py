@@ -15,6 +15,7 @@ __all__ = [
     "MAX_COMPLETION_BYTES",
     "MAX_PROMPT_CHARS",
     "ChatMessage",
+    "ChatStateOptions",
     "DecodeRequest",
     "DecodeResponse",
     "DecodeUsage",
@@ -116,6 +117,20 @@ class PrefillResponse(Response, frozen=True, kw_only=True):
     handoff: Handoff
     reuse: ReuseInfo
     usage: PrefillUsage
+
+
+class ChatStateOptions(Request, frozen=True, kw_only=True):
+    """The ``werk`` member of a ``POST /v1/chat/completions`` body (an addition).
+
+    :ivar persist: run the turn as a prefill that keeps a named disk state of the conversation
+        (continuing the longest saved prefix of it) and a decode; the next turn continues from
+        it, and the state of the turn it continued is deleted (superseded).
+    :ivar allow_experimental: the opt-in that the backend's ``experimental`` state rows need
+        (default: the server's ``--persistence`` default, else false).
+    """
+
+    persist: bool = False
+    allow_experimental: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class DecodeRequest(Request, frozen=True, kw_only=True):

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 from .. import _fs
 from .._fs import Rejected, check_private_dir, fsync_dir, open_dir
@@ -312,9 +312,11 @@ class StateCatalog:
         pinned: bool,
         logical_bytes: int | None = None,
         prefixes: tuple[str, ...] = (),
+        origin: Literal["chat"] | None = None,
     ) -> StoredState:
         """Stream ``payload`` into a new state and publish it atomically. ``prefixes``: the
-        prompt's prefix fingerprints (:func:`werk.state.prefixes.prefix_chain`).
+        prompt's prefix fingerprints (:func:`werk.state.prefixes.prefix_chain`); ``origin``:
+        what kept it (``chat``: a persisted chat turn).
 
         :raises PayloadTooLarge: over ``max_payload_bytes``; nothing is published.
         :raises StorageError: a write, fsync or rename failed; nothing is published.
@@ -359,6 +361,7 @@ class StateCatalog:
                     payload_bytes=size,
                     payload_sha256=sha256,
                     prefixes=prefixes,
+                    origin=origin,
                 )
                 raw = encode_metadata(meta)
                 _fs.create_private_file(sfd, METADATA, raw)

@@ -76,9 +76,9 @@ class StateMetadata(
 ):
     """The content of ``metadata.json`` (schema version 1).
 
-    ``prefixes`` (the prompt's prefix fingerprints, :mod:`werk.state.prefixes`) is written only
-    when there are some, so a state without them has the same bytes as before the field
-    existed."""
+    ``prefixes`` (the prompt's prefix fingerprints, :mod:`werk.state.prefixes`) and ``origin``
+    are written only when set, so a state without them has the same bytes as before the
+    fields existed."""
 
     schema: Literal[1]
     id: Annotated[str, msgspec.Meta(pattern=STATE_ID_PATTERN.pattern)]
@@ -97,6 +97,8 @@ class StateMetadata(
         tuple[Annotated[str, msgspec.Meta(pattern=PREFIX_PATTERN)], ...],
         msgspec.Meta(max_length=MAX_CHAIN),
     ] = ()
+    origin: Literal["chat"] | None = None
+    """``chat``: kept by a persisted ``/v1`` chat turn (the next turn supersedes it)."""
 
 
 _encoder = msgspec.json.Encoder()
@@ -150,6 +152,7 @@ class StoredState(msgspec.Struct, frozen=True, kw_only=True):
     payload_sha256: str
     last_accessed_at: float | None
     prefixes: tuple[str, ...] = ()
+    origin: str | None = None
 
     @classmethod
     def from_metadata(
@@ -171,6 +174,7 @@ class StoredState(msgspec.Struct, frozen=True, kw_only=True):
             payload_sha256=meta.payload_sha256,
             last_accessed_at=last_accessed_at,
             prefixes=meta.prefixes,
+            origin=meta.origin,
         )
 
     def expired(self, now: float) -> bool:

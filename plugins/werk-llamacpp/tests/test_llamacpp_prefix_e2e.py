@@ -11,6 +11,8 @@ nothing.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 import test_llamacpp_states_e2e as e2e
 from test_llamacpp_states_support import needs_llama_server
 
-from werk.testing.server import WerkServer, werk_serve
+from werk.testing.server import WERK, WerkServer, server_env, werk_serve
 
 pytestmark = [pytest.mark.slow, needs_llama_server]
 
@@ -140,3 +142,97 @@ def test_another_key_continues_nothing(
             "restored_tokens": None,
         }
         assert theirs["usage"]["cached_tokens"] == 0
+
+
+# -- a /v1 chat that keeps its conversation as a state ------------------------------------------
+
+PERSIST = {"persist": True, "allow_experimental": True}
+
+
+def _chat(client: httpx.Client, messages: list[dict[str, str]], **extra: Any) -> httpx.Response:
+    body = {"model": "demo", "messages": messages, "max_tokens": 8, "temperature": 0}
+    return client.post("/v1/chat/completions", json={**body, **extra}, timeout=300)
+
+
+def _states(client: httpx.Client) -> list[str]:
+    return [s["id"] for s in client.get("/werk/v1/states").json()["states"]]
+
+
+def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(home: Path) -> None:
+    with _serve(home) as first, first.client(KEY_A) as alice:
+        answer = _chat(alice, TURN_1, werk=PERSIST)
+        assert answer.status_code == 200, answer.text
+        one = answer.json()
+        assert one["object"] == "chat.completion"
+        assert one["werk"]["reuse"]["outcome"] == "fresh" and one["werk"]["superseded"] == []
+        reply_1 = one["choices"][0]["message"]["content"]
+        assert one["choices"][0]["finish_reason"] in ("stop", "length")
+        assert _states(alice) == [one["werk"]["state_id"]]
+        refused = _chat(alice, TURN_1, werk=PERSIST, tools=[])
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+        plain = _chat(alice, TURN_1, werk={"persist": False})  # relayed, `werk` not forwarded
+        assert plain.status_code == 200 and "werk" not in plain.json()
+    turn_2 = [*TURN_1, {"role": "assistant", "content": reply_1}]
+    turn_2.append({"role": "user", "content": "And who winds it every morning?"})
+    with _serve(home) as second, second.client(KEY_A) as alice:  # a restart in between
+        two = _chat(alice, turn_2, werk=PERSIST).json()
+        state = two["werk"]
+        assert state["reuse"]["match"] == "prefix"
+        assert state["reuse"]["state_id"] == one["werk"]["state_id"]
+        assert state["reuse"]["restored_tokens"] == one["usage"]["prompt_tokens"]
+        assert (
+            two["usage"]["prompt_tokens_details"]["cached_tokens"] == one["usage"]["prompt_tokens"]
+        )
+        assert (
+            state["evaluated_tokens"]
+            == two["usage"]["prompt_tokens"] - one["usage"]["prompt_tokens"]
+        )
+        assert state["superseded"] == [one["werk"]["state_id"]]
+        assert _states(alice) == [state["state_id"]]  # one state per conversation
+        turn_3 = [
+            *turn_2,
+            {"role": "assistant", "content": two["choices"][0]["message"]["content"]},
+        ]
+        turn_3.append({"role": "user", "content": "Thank you."})
+        with alice.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": "demo",
+                "messages": turn_3,
+                "max_tokens": 4,
+                "stream": True,
+                "werk": PERSIST,
+            },
+            timeout=300,
+        ) as streamed:
+            assert streamed.headers["content-type"].startswith("text/event-stream")
+            events = [line[6:] for line in streamed.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        assert last["choices"][0]["finish_reason"] in ("stop", "length")
+        assert last["werk"]["reuse"]["match"] == "prefix"
+        assert last["werk"]["superseded"] == [state["state_id"]]
+        assert _states(alice) == [last["werk"]["state_id"]]
+
+
+def test_werk_chat_server_session_continues_its_state_on_the_server(
+    home: Path, tmp_path: Path
+) -> None:
+    env = server_env(home, None, e2e._env())
+    env["WERK_API_KEY"] = KEY_A
+    with _serve(home) as server:
+        argv = [str(WERK), "run", "demo", "--server", server.base_url, "--session", "talk", "-v"]
+        argv += ["--temperature", "0", "--max-tokens", "4"]
+        first = subprocess.run(
+            [*argv, "Which clock is oldest?"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert first.returncode == 0, first.stderr
+        assert "reuse fresh" in first.stderr, first.stderr
+        second = subprocess.run(
+            [*argv, "Who winds it?"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert second.returncode == 0, second.stderr
+        assert "reuse reused (prefix)" in second.stderr, second.stderr
+        with server.client(KEY_A) as alice:
+            assert len(_states(alice)) == 1

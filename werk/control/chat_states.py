@@ -1,0 +1,191 @@
+"""Persisted chat turns: a ``/v1`` chat that keeps its conversation as a named state.
+
+A ``POST /v1/chat/completions`` whose body carries ``"werk": {"persist": true}``
+(:class:`~werk.protocol.ChatStateOptions`) is not relayed to the backend's own ``/v1``: it
+runs as a prefill of the messages with ``retention: disk`` and ``reuse: prefer`` — which
+continues the caller's saved state sharing the longest prefix with the conversation (the
+previous turn's, :mod:`werk.control.continuation`) — and a decode of the reply. The state kept
+for this turn supersedes the one it continued when that one was also kept by a persisted turn:
+it is deleted (unless pinned), so a conversation holds one state, not one per turn. A state the
+caller saved otherwise (a shared system prompt, say) is continued but never deleted.
+
+The answer is OpenAI's ``chat.completion`` object with a ``werk`` member: ``state_id`` (this
+turn's state), ``reuse`` (as a prefill's), ``evaluated_tokens`` and ``superseded`` (the ids
+deleted). Only the fields a prefill and a decode can honour are accepted: ``model``,
+``messages`` (``system``/``user``/``assistant``/``tool`` with text content), ``max_tokens`` (or
+``max_completion_tokens``), ``temperature``, ``seed``, ``stop``, ``stream`` and ``werk``; any
+other field is refused (``400``, naming it) rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import anyio
+import msgspec
+
+from ..protocol import (
+    ChatMessage,
+    ChatStateOptions,
+    DecodeRequest,
+    InvalidRequest,
+    NotFound,
+    Policy,
+    PrefillRequest,
+    PruneRequest,
+    Retention,
+    Reuse,
+    ReuseMatch,
+)
+from .context import ServiceContext
+from .prefill import PrefillFlow
+from .states import SkipReasonLookup
+
+__all__ = ["ACCEPTED_FIELDS", "DEFAULT_MAX_TOKENS", "PersistedChats", "chat_state_options"]
+
+ACCEPTED_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "seed",
+        "stop",
+        "stream",
+        "werk",
+    }
+)
+DEFAULT_MAX_TOKENS = 256
+"""The reply's bound when the request gives none (a decode is not streamed token by token)."""
+_DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
+
+
+def chat_state_options(body: dict[str, Any]) -> ChatStateOptions | None:
+    """The request's ``werk`` member, decoded (``None`` without one).
+
+    :raises InvalidRequest: a malformed member (unknown fields included)."""
+    raw = body.get("werk")
+    if raw is None:
+        return None
+    try:
+        return msgspec.convert(raw, ChatStateOptions)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"'werk': {exc}", param="werk") from None
+
+
+def _messages(body: dict[str, Any]) -> list[ChatMessage]:
+    raw = body.get("messages")
+    try:
+        return msgspec.convert(raw, list[ChatMessage])
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(
+            f"with werk.persist, messages must be text messages: {exc}", param="messages"
+        ) from None
+
+
+def _decode_request(body: dict[str, Any], handoff: str) -> DecodeRequest:
+    fields: dict[str, Any] = {"handoff": handoff}
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    fields["max_tokens"] = DEFAULT_MAX_TOKENS if limit is None else limit
+    temperature = body.get("temperature")
+    fields["temperature"] = _DEFAULT_TEMPERATURE if temperature is None else temperature
+    if body.get("seed") is not None:
+        fields["seed"] = body["seed"]
+    stop = body.get("stop")
+    if stop is not None:
+        fields["stop"] = [stop] if isinstance(stop, str) else stop
+    try:
+        return msgspec.convert(fields, DecodeRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"with werk.persist: {exc}") from None
+
+
+class PersistedChats:
+    """The persisted-turn side of :class:`~werk.control.service.LocalControlService`."""
+
+    def __init__(self, service: ServiceContext, flow: PrefillFlow) -> None:
+        self._service = service
+        self._flow = flow
+
+    async def complete(
+        self, principal: str, body: dict[str, Any], options: ChatStateOptions
+    ) -> dict[str, Any]:
+        """One persisted turn (see the module docstring); the ``chat.completion`` object."""
+        unknown = sorted(set(body) - ACCEPTED_FIELDS)
+        if unknown:
+            raise InvalidRequest(
+                f"'{unknown[0]}' is not supported with werk.persist (accepted: "
+                f"{', '.join(sorted(ACCEPTED_FIELDS))})",
+                param=unknown[0],
+            )
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' is required and must be a string", param="model")
+        defaults = self._service.config.persistence_defaults
+        allow = options.allow_experimental
+        if isinstance(allow, msgspec.UnsetType):
+            allow = defaults.allow_experimental if defaults is not None else False
+        prefill = PrefillRequest(
+            model=model,
+            messages=_messages(body),
+            policy=Policy(
+                retention=Retention.DISK,
+                reuse=Reuse.PREFER,
+                ttl_seconds=defaults.ttl_seconds if defaults is not None else None,
+            ),
+            allow_experimental=allow,
+        )
+        decode_with = _decode_request(body, "wh_" + "0" * 16)  # checked before backend work
+        kept = await self._flow.prefill(principal, prefill, origin="chat")
+        reply = await self._flow.decode(
+            principal, msgspec.structs.replace(decode_with, handoff=kept.handoff.token)
+        )
+        superseded: list[str] = []
+        continued = kept.reuse.state_id
+        if kept.reuse.match is ReuseMatch.PREFIX and continued is not None:
+            superseded = await self._supersede(principal, continued)
+        usage = kept.usage
+        return {
+            "id": "chatcmpl-" + secrets.token_hex(12),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply.text},
+                    "finish_reason": reply.finish_reason.value,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": reply.usage.completion_tokens,
+                "total_tokens": usage.prompt_tokens + reply.usage.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": usage.cached_tokens or 0},
+            },
+            "werk": {
+                "state_id": kept.state.id if kept.state is not None else None,
+                "reuse": msgspec.to_builtins(kept.reuse),
+                "evaluated_tokens": usage.evaluated_tokens,
+                "superseded": superseded,
+            },
+        }
+
+    async def _supersede(self, principal: str, state_id: str) -> list[str]:
+        """Delete the continued state when a persisted turn kept it (never a pinned one)."""
+        catalog = self._service.catalog
+        try:
+            stored = await anyio.to_thread.run_sync(lambda: catalog.get(principal, state_id))
+        except NotFound:
+            return []
+        if stored.origin != "chat":
+            return []
+        request = PruneRequest(ids=[state_id], dry_run=False)
+        busy = SkipReasonLookup(self._service, principal)  # a live handoff keeps it
+        result = await anyio.to_thread.run_sync(
+            lambda: catalog.prune(principal, request, busy=busy)
+        )
+        return list(result.deleted)
