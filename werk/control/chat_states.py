@@ -9,7 +9,8 @@ for this turn supersedes the one it continued when that one was also kept by a p
 it is deleted (unless pinned), so a conversation holds one state, not one per turn. A state the
 caller saved otherwise (a shared system prompt, say) is continued but never deleted.
 
-The answer is OpenAI's ``chat.completion`` object with a ``werk`` member: ``state_id`` (this
+The answer is OpenAI's ``chat.completion`` object (``system_fingerprint``: the runtime's process
+generation) with a ``werk`` member: ``state_id`` (this
 turn's state), ``reuse`` (as a prefill's), ``evaluated_tokens`` and ``superseded`` (the ids
 deleted). Only the fields a prefill and a decode can honour are accepted: ``model``,
 ``messages`` (``system``/``user``/``assistant``/``tool`` with text content), ``max_tokens`` (or
@@ -148,11 +149,13 @@ class PersistedChats:
         if kept.reuse.match is ReuseMatch.PREFIX and continued is not None:
             superseded = await self._supersede(principal, continued)
         usage = kept.usage
+        runtime = self._service.runtimes.live().get(model)
         return {
             "id": "chatcmpl-" + secrets.token_hex(12),
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
+            "system_fingerprint": runtime.generation if runtime is not None else None,
             "choices": [
                 {
                     "index": 0,

@@ -170,7 +170,8 @@ def _replayed_stream(answer: dict[str, Any]) -> Response:
     """A persisted turn's answer as OpenAI's chunk stream: the role, the whole text in one
     chunk (the decode is not incremental), the finish reason with the usage, ``[DONE]``."""
     (choice,) = answer["choices"]
-    base = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    base = {k: answer[k] for k in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
     chunks = [
         {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
         {**base, "choices": [{"index": 0, "delta": {"content": choice["message"]["content"]}}]},

@@ -164,6 +164,7 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         assert answer.status_code == 200, answer.text
         one = answer.json()
         assert one["object"] == "chat.completion"
+        assert one["system_fingerprint"].startswith("g_")  # the llama-server's generation
         assert one["werk"]["reuse"]["outcome"] == "fresh" and one["werk"]["superseded"] == []
         reply_1 = one["choices"][0]["message"]["content"]
         assert one["choices"][0]["finish_reason"] in ("stop", "length")
