@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         TurnOutcome,
     )
     from .cache.entry import CacheEntry
+    from .companion import CompanionWorker, WorkerGone
     from .config import werk_home
     from .demos import (
         DemoModel,
@@ -177,6 +178,8 @@ _HOME: dict[str, str] = {
     "DemoModel": ".demos",
     "DemoRequest": ".demos",
     "EnvironmentSpec": ".environments",
+    "CompanionWorker": ".companion",
+    "WorkerGone": ".companion",
     "EnvironmentState": ".environments",
     "EnvironmentStatus": ".environments",
     "InstallStep": ".environments",
@@ -257,6 +260,7 @@ __all__ = [
     "CapabilityReport",
     "CapabilityStatus",
     "ChatMessage",
+    "CompanionWorker",
     "Conflict",
     "DecodeCall",
     "DecodeOutcome",
@@ -328,6 +332,7 @@ __all__ = [
     "WerkPluginManager",
     "WerkTimeout",
     "WorkDir",
+    "WorkerGone",
     "__version__",
     "child_api_key",
     "configured_python",

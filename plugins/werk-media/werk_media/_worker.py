@@ -1,10 +1,8 @@
 """Werk's media companion worker. Run by the media python (never imported by Werk).
 
-One request at a time over stdio, one JSON object per line (transport version 1):
-
-* request ``{"v": 1, "id": "r1", "op": OP, "args": {...}}``
-* reply ``{"v": 1, "id": "r1", "ok": true, "result": {...}}`` or
-  ``{"v": 1, "id": "r1", "ok": false, "error": {"kind": KIND, "message": TEXT}}``
+It speaks the host's companion-worker protocol (``werk/_companion/werk_companion_frames.py``,
+found through ``WERK_COMPANION_FRAMES``; :mod:`werk.companion`): one request at a time over
+stdio, one JSON object per line, transport version 1.
 
 Operations: ``health`` (versions, pid, resident pipelines), ``capabilities`` (tasks this
 environment can run: Diffusers text-to-image and image-to-image, VITS or Qwen3-TTS
@@ -13,10 +11,8 @@ whether qwen-tts is here and whether its 25 Hz voice-cloning path can work), ``p
 (the task and pipeline class of a model directory), ``estimate`` (weight bytes on disk),
 ``execute`` (run a task), ``unload`` (drop one pipeline).
 A frame of another transport version is refused (kind ``version``). The host ends the worker
-after any error reply and never sends an ``execute`` twice.
-
-Protocol frames go to the original stdout; file descriptor 1 is pointed at stderr first, so
-whatever the libraries print lands in the worker's log, never in the protocol.
+after any error reply and never sends an ``execute`` twice; whatever the libraries print lands
+in the worker's log, never in the protocol.
 
 Loaded pipelines stay in an LRU of ``WERK_MEDIA_PIPELINE_CACHE_SIZE`` entries (default 1;
 0 = nothing stays after a request). Evicting one drops every reference, runs
@@ -43,7 +39,9 @@ import wave
 from pathlib import Path
 from typing import Any
 
-TRANSPORT_VERSION = 1
+sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
+from werk_companion_frames import RequestError, serve
+
 TASK_TEXT_TO_IMAGE = "text-to-image"
 TASK_IMAGE_TO_IMAGE = "image-to-image"  # an execute task on a text-to-image pipeline
 MAX_UPLOAD_SIDE = 4096
@@ -62,21 +60,6 @@ QWEN_ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 SPEECH_ARCHITECTURES = ("VitsModel", QWEN_ARCHITECTURE)
 RECOGNITION_SUFFIXES = ("ForCTC", "ForSpeechSeq2Seq")
 CLASSIFICATION_SUFFIX = "ForSequenceClassification"
-
-
-class RequestError(Exception):
-    """A request this worker cannot serve (reported, then the host ends the worker)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def _protocol_stream() -> io.TextIOWrapper:
-    frames = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return io.TextIOWrapper(os.fdopen(frames, "wb", buffering=0), encoding="utf-8", newline="\n")
 
 
 def _trim() -> None:
@@ -456,37 +439,10 @@ def _handle(pipelines: Pipelines, op: str, args: dict[str, Any]) -> dict[str, An
     raise RequestError("invalid", f"unknown operation {op!r}")
 
 
-def _failure(request_id: Any, kind: str, message: str) -> dict[str, Any]:
-    error = {"kind": kind, "message": message}
-    return {"v": TRANSPORT_VERSION, "id": request_id, "ok": False, "error": error}
-
-
 def main() -> None:
-    frames = _protocol_stream()
     capacity = int(os.environ.get("WERK_MEDIA_PIPELINE_CACHE_SIZE", "1"))
     pipelines = Pipelines(max(capacity, 0))
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        request_id: Any = None
-        try:
-            frame = json.loads(line)
-            request_id = frame.get("id")
-            if frame.get("v") != TRANSPORT_VERSION:
-                raise RequestError("version", f"transport version {frame.get('v')!r} is not 1")
-            reply: dict[str, Any] = {
-                "v": TRANSPORT_VERSION,
-                "id": request_id,
-                "ok": True,
-                "result": _handle(pipelines, str(frame.get("op")), dict(frame.get("args") or {})),
-            }
-        except RequestError as exc:
-            reply = _failure(request_id, exc.kind, str(exc))
-        except Exception as exc:  # a failed pipeline: reported, then the host ends this worker
-            print(f"request {request_id} failed: {exc!r}", file=sys.stderr, flush=True)
-            reply = _failure(request_id, "failed", f"{type(exc).__name__}: {exc}")
-        frames.write(json.dumps(reply) + "\n")
-        frames.flush()
+    serve(lambda op, args: _handle(pipelines, op, args))
 
 
 if __name__ == "__main__":

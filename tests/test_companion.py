@@ -1,0 +1,129 @@
+"""The host's companion-worker module against a real worker process (a small standard-library
+script that serves ``werk_companion_frames``, as a backend's worker does in its own Python)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from werk import CompanionWorker, WorkerGone
+from werk.protocol import InvalidRequest, ResourceExhausted, Unsupported, WerkTimeout
+
+pytestmark = pytest.mark.anyio
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
+    from werk_companion_frames import RequestError, serve
+
+    loaded = []
+
+    def handle(op, args):
+        if op == "health":
+            return {"pid": os.getpid(), "resident": loaded}
+        if op == "execute":
+            print("library chatter on stdout")  # must land in the log, not in the protocol
+            time.sleep(float(args.get("sleep", 0)))
+            loaded.append({"path": args["path"], "bytes": 10})
+            return {"echo": args["path"], "resident": loaded}
+        if op == "refuse":
+            raise RequestError(args["kind"], "no, because")
+        if op == "crash":
+            os._exit(3)
+        raise RuntimeError("boom")
+
+    serve(handle)
+    """
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "worker.py"
+    path.write_text(WORKER)
+    return path
+
+
+async def _spawn(script: Path, tmp_path: Path, **kwargs: object) -> CompanionWorker:
+    return await CompanionWorker.spawn(
+        [sys.executable, str(script)], kind="toy", runs_dir=tmp_path / "runs", **kwargs
+    )  # type: ignore[arg-type]
+
+
+async def test_a_worker_answers_health_then_requests_and_reports_residency(
+    script: Path, tmp_path: Path
+) -> None:
+    worker = await _spawn(script, tmp_path)
+    try:
+        assert worker.health["pid"] == worker.process.pid and worker.alive()
+        assert worker.generation.startswith("g_")
+        result = await worker.request("execute", {"path": "m1"})
+        assert result["echo"] == "m1"
+        assert worker.resident == [{"path": "m1", "bytes": 10}]
+        assert "library chatter on stdout" in worker.process.log_tail(4096)
+    finally:
+        await worker.stop()
+    assert not worker.alive() and not worker.workdir.path.exists()
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "error", "text"),
+    [
+        ("refuse", {"kind": "invalid"}, InvalidRequest, "no, because"),
+        ("refuse", {"kind": "unsupported"}, Unsupported, "no, because"),
+        ("other", {}, WorkerGone, "failed other: RuntimeError: boom"),
+        ("crash", {}, WorkerGone, "exited during crash (status 3)"),
+    ],
+)
+async def test_any_failure_is_typed_and_ends_the_worker(
+    script: Path, tmp_path: Path, op: str, args: dict[str, str], error: type, text: str
+) -> None:
+    ended: list[bool] = []
+    worker = await _spawn(script, tmp_path)
+    worker.on_end(lambda: ended.append(True))
+    with pytest.raises(error, match=re.escape(text)):
+        await worker.request(op, args)
+    assert ended == [True] and not worker.alive()
+    with pytest.raises(Exception, match="ended before this request reached it"):
+        await worker.request("execute", {"path": "m2"})  # never sent to a dead worker
+
+
+async def test_a_timeout_stops_the_worker(script: Path, tmp_path: Path) -> None:
+    worker = await _spawn(script, tmp_path)
+    with pytest.raises(WerkTimeout, match="did not answer execute"):
+        await worker.request("execute", {"path": "slow", "sleep": 30}, timeout=0.5)
+    assert not worker.alive() and worker.process.poll() is not None
+
+
+async def test_requests_wait_in_line_up_to_the_bound(script: Path, tmp_path: Path) -> None:
+    worker = await _spawn(script, tmp_path, max_waiting=lambda: 1, waiting_setting="TOY_WAIT")
+    results: list[str] = []
+    refused: list[ResourceExhausted] = []
+
+    async def execute(path: str) -> None:
+        try:
+            results.append((await worker.request("execute", {"path": path, "sleep": 0.3}))["echo"])
+        except ResourceExhausted as exc:
+            refused.append(exc)
+
+    try:
+        async with anyio.create_task_group() as group:
+            for path in ("a", "b", "c"):
+                group.start_soon(execute, path)
+                await anyio.sleep(0.05)
+    finally:
+        await worker.stop()
+    assert results == ["a", "b"]  # first come, first served; one waited
+    (refusal,) = refused
+    assert "TOY_WAIT=1" in refusal.message and refusal.retry_after is not None

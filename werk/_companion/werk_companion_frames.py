@@ -1,0 +1,84 @@
+"""The worker side of Werk's companion-worker protocol (standard library only).
+
+A companion worker runs in its own Python (a managed environment without Werk installed), so it
+cannot import ``werk``: the host passes this file's directory in ``WERK_COMPANION_FRAMES``
+(:func:`werk.companion.spawn_companion` does), and the worker script does::
+
+    sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
+    from werk_companion_frames import RequestError, serve
+
+    serve(handle)  # handle(op, args) -> dict, or raise RequestError(kind, message)
+
+One request at a time over stdio, one JSON object per line (transport version 1):
+
+* request ``{"v": 1, "id": "r1", "op": OP, "args": {...}}``
+* reply ``{"v": 1, "id": "r1", "ok": true, "result": {...}}`` or
+  ``{"v": 1, "id": "r1", "ok": false, "error": {"kind": KIND, "message": TEXT}}``
+
+Error kinds: ``invalid`` (the request was at fault), ``unsupported``, ``version`` (a frame of
+another transport version), ``failed`` (anything else the handler raised; its repr goes to the
+worker's log). The host ends the worker after any error reply and never sends an ``execute``
+twice. Protocol frames go to the original stdout; file descriptor 1 is pointed at stderr first,
+so whatever libraries print lands in the worker's log, never in the protocol.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["TRANSPORT_VERSION", "RequestError", "serve"]
+
+TRANSPORT_VERSION = 1
+
+
+class RequestError(Exception):
+    """A request this worker cannot serve (reported, then the host ends the worker)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _protocol_stream() -> io.TextIOWrapper:
+    frames = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return io.TextIOWrapper(os.fdopen(frames, "wb", buffering=0), encoding="utf-8", newline="\n")
+
+
+def _failure(request_id: Any, kind: str, message: str) -> dict[str, Any]:
+    error = {"kind": kind, "message": message}
+    return {"v": TRANSPORT_VERSION, "id": request_id, "ok": False, "error": error}
+
+
+def serve(handle: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
+    """Answer requests from stdin until it closes."""
+    frames = _protocol_stream()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request_id: Any = None
+        try:
+            frame = json.loads(line)
+            request_id = frame.get("id")
+            if frame.get("v") != TRANSPORT_VERSION:
+                raise RequestError("version", f"transport version {frame.get('v')!r} is not 1")
+            result = handle(str(frame.get("op")), dict(frame.get("args") or {}))
+            reply: dict[str, Any] = {
+                "v": TRANSPORT_VERSION,
+                "id": request_id,
+                "ok": True,
+                "result": result,
+            }
+        except RequestError as exc:
+            reply = _failure(request_id, exc.kind, str(exc))
+        except Exception as exc:  # a failed handler: reported, then the host ends this worker
+            print(f"request {request_id} failed: {exc!r}", file=sys.stderr, flush=True)
+            reply = _failure(request_id, "failed", f"{type(exc).__name__}: {exc}")
+        frames.write(json.dumps(reply) + "\n")
+        frames.flush()

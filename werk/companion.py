@@ -1,0 +1,282 @@
+"""Companion workers: a backend's own Python process, spoken to over stdio, one request at a time.
+
+A backend whose libraries live in another environment (torch, Diffusers, Transformers, ONNX
+Runtime…) runs them in a **companion worker**: a :class:`werk.SupervisedProcess` with
+``stdio``, started by :meth:`CompanionWorker.spawn` in a private :class:`werk.WorkDir`, its
+stderr in that directory's log. The worker script serves the protocol of
+``werk/_companion/werk_companion_frames.py`` (standard library only; the worker finds it through
+``WERK_COMPANION_FRAMES``, which :meth:`~CompanionWorker.spawn` sets): versioned JSON-lines
+frames with request ids, ``health`` first, then whatever operations the backend defines
+(media's: ``capabilities``, ``probe-model``, ``estimate``, ``execute``, ``unload``).
+
+Rules every companion worker gets from here:
+
+* **One request at a time.** Requests wait in line (first come, first served); an ``execute``
+  that would make more than ``max_waiting()`` requests wait is refused at once (``429
+  resource_exhausted`` with a ``Retry-After`` of the last execution's duration).
+* **Any failure ends the worker** — an error reply, a malformed or foreign frame, a timeout, a
+  caller that goes away mid-request (its reply would otherwise be read by the next request) —
+  and the next request starts a cold one; an ``execute`` is never sent twice.
+* **Typed errors.** An ``invalid`` error reply is ``400``, ``unsupported`` is ``501``, anything
+  else (and a worker that exits) is :class:`WorkerGone` (``502 backend_error``); a timeout is
+  ``504``. The worker's own text is cut to 300 characters.
+* **Residency.** A result carrying ``resident`` (the worker's loaded entries) updates
+  :attr:`CompanionWorker.resident`, for the backend's capability rows and memory accounting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, Self
+
+import anyio
+
+from .protocol import (
+    BackendError,
+    CapabilityId,
+    InvalidRequest,
+    ResourceExhausted,
+    RuntimeEnded,
+    Unsupported,
+    WerkTimeout,
+)
+from .supervise import SupervisedProcess, WorkDir
+
+__all__ = [
+    "COMPANION_FRAMES_ENV",
+    "TRANSPORT_VERSION",
+    "CompanionWorker",
+    "WorkerGone",
+    "frames_dir",
+]
+
+log = logging.getLogger("werk.companion")
+
+TRANSPORT_VERSION = 1
+COMPANION_FRAMES_ENV = "WERK_COMPANION_FRAMES"
+"""The variable naming the directory of ``werk_companion_frames.py`` for the worker."""
+LOGGED_WAIT_SECONDS = 1.0
+"""A request that waited longer than this for the worker is logged (at warning level)."""
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+class WorkerGone(BackendError):
+    """The worker failed or exited during a request; the next request starts a new one."""
+
+
+def frames_dir() -> Path:
+    """The directory holding ``werk_companion_frames.py`` (the worker side of the protocol)."""
+    return Path(__file__).with_name("_companion")
+
+
+class CompanionWorker:
+    """A running companion worker (see the module docstring).
+
+    :ivar kind: what it is (``media``, ``qwen-tts``…): names it in messages and its run
+        directory.
+    :ivar generation: ``g_`` + 16 hex digits, unique per worker process.
+    :ivar health: the ``health`` result it started with.
+    :ivar resident: the last ``resident`` list a result carried.
+    """
+
+    def __init__(
+        self,
+        process: SupervisedProcess,
+        workdir: WorkDir,
+        kind: str,
+        generation: str,
+        *,
+        max_waiting: Callable[[], int] = lambda: 8,
+        waiting_setting: str = "",
+    ) -> None:
+        self.kind = kind
+        self.process = process
+        self.workdir = workdir
+        self.generation = generation
+        self.health: dict[str, Any] = {}
+        self.resident: list[dict[str, Any]] = []
+        self._max_waiting = max_waiting
+        self._waiting_setting = waiting_setting
+        self._ids = itertools.count(1)
+        self._lock = anyio.Lock()
+        self._last_execute_seconds = 1.0
+        self._ended = False
+        self._on_end: list[Callable[[], None]] = []
+
+    @classmethod
+    async def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        kind: str,
+        runs_dir: Path,
+        env: Mapping[str, str] | None = None,
+        start_timeout: float = 180.0,
+        max_waiting: Callable[[], int] = lambda: 8,
+        waiting_setting: str = "",
+    ) -> Self:
+        """Start ``argv`` (the worker's Python and script) in a new run directory under
+        ``runs_dir`` and wait for its ``health`` answer (imports take a while).
+
+        :param env: its environment (``os.environ`` without ``PYTHONPATH``/``VIRTUAL_ENV``
+            when ``None``); :data:`COMPANION_FRAMES_ENV` is added.
+        :param max_waiting: how many requests may wait for it (read at each request).
+        :param waiting_setting: the setting that changes that bound, named in the refusal.
+        :raises werk.WerkError: it did not start or answer ``health`` (it is stopped).
+        """
+        base = env if env is not None else os.environ
+        environment = {k: v for k, v in base.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        environment[COMPANION_FRAMES_ENV] = str(frames_dir())
+        generation = "g_" + secrets.token_hex(8)
+        workdir = WorkDir.create(runs_dir, generation)
+        process = SupervisedProcess.spawn(
+            list(argv), log_path=workdir.path / "worker.log", env=environment,
+            cwd=workdir.path, name=f"{kind}-worker", stdio=True,
+        )  # fmt: skip
+        worker = cls(
+            process,
+            workdir,
+            kind,
+            generation,
+            max_waiting=max_waiting,
+            waiting_setting=waiting_setting,
+        )
+        process.on_exit(lambda code: worker._mark_ended())
+        process.watch()
+        worker.health = await worker.request("health", {}, timeout=start_timeout)
+        return worker
+
+    def alive(self) -> bool:
+        return not self._ended and self.process.poll() is None
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once when the worker ends (stopped, failed or exited)."""
+        self._on_end.append(callback)
+
+    def _mark_ended(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        for callback in self._on_end:
+            callback()
+
+    def _exchange(self, frame: bytes) -> bytes:
+        """Blocking: write one frame, read one line (in a worker thread)."""
+        stdin: IO[bytes] | None = self.process.popen.stdin
+        stdout: IO[bytes] | None = self.process.popen.stdout
+        if stdin is None or stdout is None:
+            return b""
+        try:
+            stdin.write(frame)
+            stdin.flush()
+            return stdout.readline(MAX_FRAME_BYTES)
+        except (BrokenPipeError, ValueError, OSError):
+            return b""
+
+    async def request(
+        self, op: str, args: dict[str, Any], *, timeout: float = 600.0
+    ) -> dict[str, Any]:
+        """One request; see the module docstring for waiting, failures and errors."""
+        waiting = self._lock.statistics().tasks_waiting
+        bound = self._max_waiting() if op == "execute" and self._lock.locked() else None
+        if bound is not None and waiting >= bound:
+            retry = max(1, round(self._last_execute_seconds))
+            setting = f" ({self._waiting_setting}={bound})" if self._waiting_setting else ""
+            raise ResourceExhausted(
+                f"the {self.kind} worker is busy and {waiting} request(s) already wait for it"
+                f"{setting}; retry in about {retry} s",
+                retry_after=retry,
+            )
+        queued = time.monotonic()
+        async with self._lock:
+            waited = time.monotonic() - queued
+            if waited > LOGGED_WAIT_SECONDS:
+                log.warning(
+                    "%s request (%s) waited %.1f s for the %s worker (one request at a time)",
+                    op,
+                    self.kind,
+                    waited,
+                    self.kind,
+                )
+            started = time.monotonic()
+            try:
+                return await self._request_locked(op, args, timeout)
+            finally:
+                if op == "execute":
+                    self._last_execute_seconds = time.monotonic() - started
+
+    async def _request_locked(
+        self, op: str, args: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        if not self.alive():  # it ended while this request waited: nothing was sent
+            raise RuntimeEnded(
+                f"the {self.kind} worker ended before this request reached it",
+                capability=CapabilityId.MODEL_RESIDENCY,
+            )
+        request_id = f"r{next(self._ids)}"
+        frame = json.dumps({"v": TRANSPORT_VERSION, "id": request_id, "op": op, "args": args})
+        try:
+            with anyio.fail_after(timeout):
+                line = await anyio.to_thread.run_sync(
+                    self._exchange, (frame + "\n").encode(), abandon_on_cancel=True
+                )
+        except TimeoutError:
+            await self.stop()
+            raise WerkTimeout(
+                f"the {self.kind} worker did not answer {op} in {timeout:.0f}s"
+            ) from None
+        except BaseException:  # cancelled mid-request: its late reply must never be read
+            self.process.kill_now()
+            self._mark_ended()
+            raise
+        return await self._reply(op, request_id, line)
+
+    async def _reply(self, op: str, request_id: str, line: bytes) -> dict[str, Any]:
+        if not line:
+            code = self.process.poll()
+            tail = self.process.log_tail(2048).strip().splitlines()[-1:] or ["no output"]
+            await self.stop()
+            raise WorkerGone(
+                f"the {self.kind} worker exited during {op} (status {code}): {tail[0][:200]}"
+            )
+        try:
+            reply = json.loads(line)
+            valid = reply.get("v") == TRANSPORT_VERSION and reply.get("id") == request_id
+        except (ValueError, AttributeError):
+            valid = False
+        if not valid:
+            await self.stop()
+            raise WorkerGone(f"the {self.kind} worker answered {op} with a malformed frame")
+        if not reply.get("ok"):
+            error = reply.get("error") or {}
+            await self.stop()
+            message = str(error.get("message", "?"))[:300]
+            if error.get("kind") == "invalid":  # the request, not the worker, was at fault
+                raise InvalidRequest(message)
+            if error.get("kind") == "unsupported":
+                raise Unsupported(message)
+            raise WorkerGone(f"the {self.kind} worker failed {op}: {message}")
+        result = reply.get("result")
+        if not isinstance(result, dict):
+            await self.stop()
+            raise WorkerGone(f"the {self.kind} worker answered {op} without a result")
+        if "resident" in result:
+            self.resident = list(result["resident"])
+        return result
+
+    async def stop(self) -> None:
+        """End the worker (its whole group), reap it, remove its directory (idempotent)."""
+        self._mark_ended()
+        if self.process.poll() is None:
+            await self.process.terminate(grace=5.0)
+        for stream in (self.process.popen.stdin, self.process.popen.stdout):
+            if stream is not None and not stream.closed:
+                stream.close()
+        self.workdir.release()  # idempotent
