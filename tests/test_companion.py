@@ -3,6 +3,7 @@ script that serves ``werk_companion_frames``, as a backend's worker does in its 
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import textwrap
@@ -20,9 +21,15 @@ WORKER = textwrap.dedent(
     """
     import os, sys, time
     sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
-    from werk_companion_frames import RequestError, serve
+    from werk_companion_frames import LoadedLRU, RequestError, serve
 
     loaded = []
+    released = []
+    lru = LoadedLRU(
+        int(os.environ.get("TOY_CAPACITY", "2")),
+        lambda key: (key.upper(), {"bytes": len(key)}),
+        lambda: released.append(1),
+    )
 
     def handle(op, args):
         if op == "health":
@@ -34,6 +41,10 @@ WORKER = textwrap.dedent(
             return {"echo": args["path"], "resident": loaded}
         if op == "refuse":
             raise RequestError(args["kind"], "no, because")
+        if op == "load":
+            value = lru.get(args["key"])
+            lru.after_request()
+            return {"value": value, "released": len(released), "resident": lru.resident()}
         if op == "crash":
             os._exit(3)
         raise RuntimeError("boom")
@@ -55,10 +66,16 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-async def _spawn(script: Path, tmp_path: Path, **kwargs: object) -> CompanionWorker:
+async def _spawn(
+    script: Path, tmp_path: Path, env: dict[str, str] | None = None, **kwargs: object
+) -> CompanionWorker:
     return await CompanionWorker.spawn(
-        [sys.executable, str(script)], kind="toy", runs_dir=tmp_path / "runs", **kwargs
-    )  # type: ignore[arg-type]
+        [sys.executable, str(script)],
+        kind="toy",
+        runs_dir=tmp_path / "runs",
+        env={**os.environ, **(env or {})},
+        **kwargs,  # type: ignore[arg-type]
+    )
 
 
 async def test_a_worker_answers_health_then_requests_and_reports_residency(
@@ -127,3 +144,22 @@ async def test_requests_wait_in_line_up_to_the_bound(script: Path, tmp_path: Pat
     assert results == ["a", "b"]  # first come, first served; one waited
     (refusal,) = refused
     assert "TOY_WAIT=1" in refusal.message and refusal.retry_after is not None
+
+
+@pytest.mark.parametrize(
+    ("capacity", "kept"),
+    [("2", [["a"], ["a", "bb"], ["bb", "a"], ["a", "ccc"]]), ("0", [[], [], [], []])],
+)
+async def test_the_worker_lru_keeps_the_most_recent_entries_and_reports_them(
+    script: Path, tmp_path: Path, capacity: str, kept: list[list[str]]
+) -> None:
+    worker = await _spawn(script, tmp_path, env={"TOY_CAPACITY": capacity})
+    try:
+        for key, expected in zip(("a", "bb", "a", "ccc"), kept, strict=True):
+            result = await worker.request("load", {"key": key})
+            assert result["value"] == key.upper()
+            assert [entry["path"] for entry in worker.resident] == expected
+            assert all(entry["bytes"] == len(entry["path"]) for entry in worker.resident)
+        assert result["released"] == (1 if capacity == "2" else 4)  # each drop released
+    finally:
+        await worker.stop()

@@ -15,6 +15,9 @@ One request at a time over stdio, one JSON object per line (transport version 1)
 * reply ``{"v": 1, "id": "r1", "ok": true, "result": {...}}`` or
   ``{"v": 1, "id": "r1", "ok": false, "error": {"kind": KIND, "message": TEXT}}``
 
+:class:`LoadedLRU` keeps what the worker loaded between requests (a bounded LRU whose
+entries report their bytes to the host through ``resident``).
+
 Error kinds: ``invalid`` (the request was at fault), ``unsupported``, ``version`` (a frame of
 another transport version), ``failed`` (anything else the handler raised; its repr goes to the
 worker's log). The host ends the worker after any error reply and never sends an ``execute``
@@ -24,6 +27,7 @@ so whatever libraries print lands in the worker's log, never in the protocol.
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -31,7 +35,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TRANSPORT_VERSION", "RequestError", "serve"]
+__all__ = ["TRANSPORT_VERSION", "LoadedLRU", "RequestError", "serve"]
 
 TRANSPORT_VERSION = 1
 
@@ -42,6 +46,62 @@ class RequestError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class LoadedLRU:
+    """What a worker keeps loaded between requests, least recently used first.
+
+    :param capacity: entries kept after a request (0: nothing stays; one is still loaded for
+        the request that needs it).
+    :param load: ``load(key) -> (value, facts)``: load an entry; ``facts`` (a dict with at
+        least ``bytes``) is reported in :meth:`resident`.
+    :param released: called after an entry was dropped (e.g. ``gc.collect()`` and
+        ``malloc_trim``), with no reference to it left here.
+
+    An entry is evicted *before* the next one loads (a lower peak), and after a request until
+    at most ``capacity`` remain (:meth:`after_request`).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        load: Callable[[str], tuple[Any, dict[str, Any]]],
+        released: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.capacity = max(capacity, 0)
+        self._load = load
+        self._released = released
+        self._entries: collections.OrderedDict[str, tuple[Any, dict[str, Any]]] = (
+            collections.OrderedDict()
+        )
+
+    def resident(self) -> list[dict[str, Any]]:
+        """``[{"path": key, **facts}]``, least recently used first (the host's residency)."""
+        return [{"path": key, **facts} for key, (_, facts) in self._entries.items()]
+
+    def get(self, key: str) -> Any:
+        """The loaded value of ``key``, loading it (after evicting the oldest) if needed."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return self._entries[key][0]
+        while self._entries and len(self._entries) >= max(self.capacity, 1):
+            self.drop(next(iter(self._entries)))
+        self._entries[key] = self._load(key)
+        return self._entries[key][0]
+
+    def drop(self, key: str) -> bool:
+        """Drop ``key``; whether it was loaded."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        del entry
+        self._released()
+        return True
+
+    def after_request(self) -> None:
+        """Evict until at most ``capacity`` entries remain."""
+        while len(self._entries) > self.capacity:
+            self.drop(next(iter(self._entries)))
 
 
 def _protocol_stream() -> io.TextIOWrapper:

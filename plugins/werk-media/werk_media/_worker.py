@@ -24,7 +24,6 @@ lazily).
 from __future__ import annotations
 
 import base64
-import collections
 import contextlib
 import ctypes
 import gc
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
-from werk_companion_frames import RequestError, serve
+from werk_companion_frames import LoadedLRU, RequestError, serve
 
 TASK_TEXT_TO_IMAGE = "text-to-image"
 TASK_IMAGE_TO_IMAGE = "image-to-image"  # an execute task on a text-to-image pipeline
@@ -158,44 +157,16 @@ def _load(path: str, task: str, name: str) -> Any:
     return transformers_pipeline(task, model=path, device="cpu")
 
 
-class Pipelines:
-    """The LRU of loaded pipelines, by model directory."""
+def _load_entry(path: str) -> tuple[Any, dict[str, Any]]:
+    """One pipeline (or model) and what the host is told of it: task, class, bytes."""
+    task, name = _task_of(Path(path))
+    loaded = _load(path, task, name)
+    held = loaded[1] if isinstance(loaded, tuple) else loaded
+    return loaded, {"task": task, "pipeline": name, "bytes": _module_bytes(held)}
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._entries: collections.OrderedDict[str, tuple[str, str, Any, int]] = (
-            collections.OrderedDict()
-        )
 
-    def resident(self) -> list[dict[str, Any]]:
-        return [
-            {"path": path, "task": task, "pipeline": name, "bytes": size}
-            for path, (task, name, _, size) in self._entries.items()
-        ]
-
-    def drop(self, path: str) -> bool:
-        entry = self._entries.pop(path, None)
-        if entry is None:
-            return False
-        del entry
-        _trim()
-        return True
-
-    def get(self, path: str) -> Any:
-        if path in self._entries:
-            self._entries.move_to_end(path)
-            return self._entries[path][2]
-        while self._entries and len(self._entries) >= max(self.capacity, 1):
-            self.drop(next(iter(self._entries)))  # evict before loading: lower peak memory
-        task, name = _task_of(Path(path))
-        loaded = _load(path, task, name)
-        held = loaded[1] if isinstance(loaded, tuple) else loaded
-        self._entries[path] = (task, name, loaded, _module_bytes(held))
-        return loaded
-
-    def after_request(self) -> None:
-        while len(self._entries) > self.capacity:
-            self.drop(next(iter(self._entries)))
+Pipelines = LoadedLRU
+"""The LRU of loaded pipelines, by model directory (the host's :class:`LoadedLRU`)."""
 
 
 def _versions() -> dict[str, str]:
@@ -441,7 +412,7 @@ def _handle(pipelines: Pipelines, op: str, args: dict[str, Any]) -> dict[str, An
 
 def main() -> None:
     capacity = int(os.environ.get("WERK_MEDIA_PIPELINE_CACHE_SIZE", "1"))
-    pipelines = Pipelines(max(capacity, 0))
+    pipelines = Pipelines(capacity, _load_entry, _trim)
     serve(lambda op, args: _handle(pipelines, op, args))
 
 
