@@ -247,12 +247,13 @@ def test_a_user_signs_in_and_runs_the_server_from_the_page(
     context.close()
 
 
-def test_a_page_from_another_site_cannot_use_the_session(
+def test_a_valid_session_cookie_sent_with_a_foreign_origin_changes_nothing(
     server: WerkServer, browser: Browser
 ) -> None:
-    """A cookie-authenticated write from a foreign origin is refused, even with a valid cookie
-    (the browser would not send a SameSite=Strict cookie cross-site; the Origin check holds
-    without relying on that)."""
+    """The cookie a real sign-in gave, replayed by a client that says it comes from another
+    site, cannot load a model (a browser would not even send a SameSite=Strict cookie
+    cross-site; the Origin check holds without relying on that). With API keys the Host is not
+    what protects the server (as on ``/werk/v1``), so a read under another Host still works."""
     context = browser.new_context()
     page = context.new_page()
     page.goto(server.base_url + "/")

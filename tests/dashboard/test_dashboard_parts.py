@@ -162,14 +162,18 @@ async def test_one_more_page_of_a_caller_ends_its_oldest_stream_with_the_reason(
     first = streams.events("p_a", _Counting())  # type: ignore[arg-type]
     second = streams.events("p_a", _Counting())  # type: ignore[arg-type]
     other = streams.events("p_b", _Counting())  # type: ignore[arg-type]
+    assert len(streams) == 0  # nothing is open before a body is iterated
+    for body in (first, second, other):
+        await _read(body, 1)
     assert len(streams) == 3
     third = streams.events("p_a", _Counting())  # type: ignore[arg-type]
+    await _read(third, 1)
     chunks = [chunk async for chunk in first]
     assert chunks[-1].startswith(b"event: ended\ndata: ")
     assert b"a newer dashboard page" in chunks[-1]
     assert len(streams) == 3  # second, third and the other caller's
     for body in (second, other, third):
-        assert (await _read(body, 2))[1].startswith(b"event: snapshot")
+        assert (await _read(body, 1))[0].startswith(b"event: snapshot")
         await body.aclose()  # type: ignore[attr-defined]
     assert len(streams) == 0
 

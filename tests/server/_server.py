@@ -21,6 +21,8 @@ from werk.supervise import free_port
 from werk.testing.server import WERK, WerkServer, server_env, werk_serve
 
 __all__ = [
+    "KEY_A",
+    "KEY_B",
     "WERK",
     "WerkServer",
     "free_port",
@@ -31,6 +33,10 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
+
+KEY_A = "key-alpha-0123456789"
+KEY_B = "key-bravo-9876543210"
+"""The two keys of the ``auth_server`` fixture (conftest.py)."""
 
 
 def install_test_backend(target: Path) -> Path:

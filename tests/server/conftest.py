@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from _server import (
+    KEY_A,
+    KEY_B,
     ErrorBodyCheck,
     SpawnServer,
     WerkServer,
@@ -35,10 +37,6 @@ def local_server(werk_home: Path, testkv_site: Path) -> Iterator[WerkServer]:
     import_model(werk_home, testkv_site, "kv")
     with werk_serve(werk_home, testkv_site, ["--model", "kv"]) as server:
         yield server
-
-
-KEY_A = "key-alpha-0123456789"
-KEY_B = "key-bravo-9876543210"
 
 
 @pytest.fixture

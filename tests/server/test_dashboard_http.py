@@ -14,9 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _server import WerkServer, import_model, werk_serve
-
-from conftest import KEY_A, KEY_B
+from _server import KEY_A, KEY_B, WerkServer, import_model, werk_serve
 
 P = "/werk/v1"
 PROMPT = "a dashboard shows what the API shows"

@@ -13,6 +13,7 @@ replacement token or release it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -84,6 +85,18 @@ class _Reusable(msgspec.Struct, frozen=True):
     """Its prompt shares only a prefix with this one: the prefill continues it."""
 
 
+def _message_pairs(request: PrefillRequest) -> list[tuple[str, str]] | None:
+    if request.messages is None:
+        return None
+    return [(m.role, m.content) for m in request.messages]
+
+
+def _proper(chain: list[tuple[int, str]], request: PrefillRequest) -> list[tuple[int, str]]:
+    """The elements of a prompt's chain before its end (the whole prompt is the exact lookup)."""
+    end = len(request.prompt) if request.prompt is not None else len(request.messages or ())
+    return [element for element in chain if element[0] < end]
+
+
 def _reuse_info(outcome: ReuseOutcome, reused: _Reusable | None, done: PrefillOutcome) -> ReuseInfo:
     if reused is None:
         return ReuseInfo(outcome=outcome)
@@ -113,36 +126,28 @@ class PrefillFlow:
     def _fingerprint(self, principal: str, spec: ModelSpec, request: PrefillRequest) -> str:
         # The envelope is deliberately not part of the fingerprint: a state produced by another
         # runtime must be *found* so it can be reported as incompatible, not as a miss.
-        messages = (
-            [(m.role, m.content) for m in request.messages]
-            if request.messages is not None
-            else None
-        )
         return prompt_fingerprint(
             self.s.config.namespace_key,
             principal,
             model=spec.id,
             envelope_digest="",
             prompt=request.prompt,
-            messages=messages,
+            messages=_message_pairs(request),
         )
 
     def _chain(
-        self, principal: str, spec: ModelSpec, request: PrefillRequest, *, whole: bool
+        self, principal: str, spec: ModelSpec, request: PrefillRequest
     ) -> list[tuple[int, str]]:
-        """The prompt's prefix fingerprints (:mod:`werk.state.prefixes`)."""
-        messages = (
-            [(m.role, m.content) for m in request.messages]
-            if request.messages is not None
-            else None
-        )
+        """The prompt's prefix fingerprints, its whole prompt included where that ends on a
+        boundary (:mod:`werk.state.prefixes`): what a kept state records; the lookup uses the
+        proper prefixes of the same chain (:func:`_proper`)."""
         return prefix_chain(
             self.s.config.namespace_key,
             principal,
             model=spec.id,
             prompt=request.prompt,
-            messages=messages,
-            whole=whole,
+            messages=_message_pairs(request),
+            whole=True,
         )
 
     async def _find_prefix(
@@ -313,6 +318,8 @@ class PrefillFlow:
         )
         envelope = self.s.envelope_for(runtime, principal)
         fingerprint = self._fingerprint(principal, spec, request)
+        # one pass over the prompt, for the prefix lookup and for a kept state, when needed
+        chain_of = functools.cache(lambda: self._chain(principal, spec, request))
 
         reused: _Reusable | None = None
         if policy.reuse.value != "disabled":
@@ -320,7 +327,7 @@ class PrefillFlow:
                 principal, fingerprint, envelope, runtime, allow
             )
             if reused is None and refusal is None:  # no state of this very prompt: a prefix?
-                chain = self._chain(principal, spec, request, whole=False)
+                chain = _proper(chain_of(), request)
                 if chain:
                     reused, refusal = await self._find_prefix(
                         principal, chain, envelope, runtime, allow
@@ -388,7 +395,7 @@ class PrefillFlow:
                     tier,
                     policy.ttl_seconds,
                     policy.pin,
-                    prefixes=lambda: self._chain(principal, spec, request, whole=True),
+                    prefixes=chain_of,
                     origin=origin,
                 )
                 state_id = summary.id if summary is not None else None

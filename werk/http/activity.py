@@ -34,10 +34,13 @@ class ActivityEntry(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Activity:
-    """A bounded tail of recent exchanges by principal."""
+    """A bounded tail of recent exchanges by principal. Recording is on every request's path,
+    so it keeps the raw fields only; :meth:`recent` shapes them for the page."""
 
     def __init__(self, size: int = ACTIVITY_ENTRIES) -> None:
-        self._entries: collections.deque[tuple[str, ActivityEntry]] = collections.deque(maxlen=size)
+        self._entries: collections.deque[tuple[str, float, str, str, int, object, float]] = (
+            collections.deque(maxlen=size)
+        )
 
     def record(self, scope: Scope, status: int, seconds: float) -> None:
         """Keep one exchange (a no-op for one nobody was admitted for, and the dashboard's own)."""
@@ -45,23 +48,26 @@ class Activity:
         path = str(scope.get("path", ""))
         if not isinstance(principal, str) or path == "/" or path.startswith(_SKIPPED_PREFIXES):
             return
+        method = str(scope.get("method", ""))
         model = scope.get("werk_model")
-        entry = ActivityEntry(
-            at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            method=str(scope.get("method", "")),
-            path=path[:200],
-            status=status,
-            model=model[:128] if isinstance(model, str) else None,
-            milliseconds=round(seconds * 1e3, 1),
-        )
-        self._entries.append((principal, entry))
+        self._entries.append((principal, time.time(), method, path, status, model, seconds))
 
     def recent(self, principal: str, limit: int = 30) -> list[ActivityEntry]:
         """``principal``'s most recent exchanges, newest first."""
         found: list[ActivityEntry] = []
-        for owner, entry in reversed(self._entries):
-            if owner == principal:
-                found.append(entry)
-                if len(found) == limit:
-                    break
+        for owner, at, method, path, status, model, seconds in reversed(self._entries):
+            if owner != principal:
+                continue
+            found.append(
+                ActivityEntry(
+                    at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
+                    method=method,
+                    path=path[:200],
+                    status=status,
+                    model=model[:128] if isinstance(model, str) else None,
+                    milliseconds=round(seconds * 1e3, 1),
+                )
+            )
+            if len(found) == limit:
+                break
         return found

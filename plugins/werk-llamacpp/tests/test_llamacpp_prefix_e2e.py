@@ -44,6 +44,15 @@ def _prefill(client: httpx.Client, messages: list[dict[str, str]], **policy: str
     return answer.json()
 
 
+def _turn_2(reply: str) -> list[dict[str, str]]:
+    """Turn 1, its reply, and the next question."""
+    return [
+        *TURN_1,
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And who winds it every morning?"},
+    ]
+
+
 def _decode(client: httpx.Client, token: str) -> str:
     answer = client.post(
         "/werk/v1/decode", json={"handoff": token, "max_tokens": 12, "temperature": 0}, timeout=120
@@ -90,8 +99,7 @@ def test_turn_two_continues_turn_one_after_a_restart(
     conversation: tuple[WerkServer, dict[str, Any], str],
 ) -> None:
     server, turn_1, reply = conversation
-    turn_2 = [*TURN_1, {"role": "assistant", "content": reply}]
-    turn_2.append({"role": "user", "content": "And who winds it every morning?"})
+    turn_2 = _turn_2(reply)
     with server.client(KEY_A) as alice:
         continued = _prefill(alice, turn_2, reuse="prefer")
         reuse, usage = continued["reuse"], continued["usage"]
@@ -119,8 +127,7 @@ def test_another_key_continues_nothing(
     conversation: tuple[WerkServer, dict[str, Any], str],
 ) -> None:
     server, _, reply = conversation
-    turn_2 = [*TURN_1, {"role": "assistant", "content": reply}]
-    turn_2.append({"role": "user", "content": "And who winds it every morning?"})
+    turn_2 = _turn_2(reply)
     with server.client(KEY_B) as bob:
         refused = bob.post(
             "/werk/v1/prefill",
@@ -173,8 +180,7 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
         plain = _chat(alice, TURN_1, werk={"persist": False})  # relayed, `werk` not forwarded
         assert plain.status_code == 200 and "werk" not in plain.json()
-    turn_2 = [*TURN_1, {"role": "assistant", "content": reply_1}]
-    turn_2.append({"role": "user", "content": "And who winds it every morning?"})
+    turn_2 = _turn_2(reply_1)
     with _serve(home) as second, second.client(KEY_A) as alice:  # a restart in between
         two = _chat(alice, turn_2, werk=PERSIST).json()
         state = two["werk"]

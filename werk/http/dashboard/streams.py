@@ -93,10 +93,11 @@ class EventStreams:
             self._open.remove(stream)
 
     def events(self, principal: str, snapshots: Snapshots) -> AsyncIterator[bytes]:
-        """The SSE body of one stream for ``principal``."""
-        stream = self._admit(principal)
+        """The SSE body of one stream for ``principal``. It counts as open from its first
+        chunk until it ends (a body never iterated holds nothing)."""
 
         async def body() -> AsyncIterator[bytes]:
+            stream = self._admit(principal)
             try:
                 yield f"retry: {RETRY_MILLISECONDS}\n\n".encode()
                 deadline = time.monotonic() + self.lifetime
