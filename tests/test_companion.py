@@ -47,9 +47,24 @@ WORKER = textwrap.dedent(
             return {"value": value, "released": len(released), "resident": lru.resident()}
         if op == "crash":
             os._exit(3)
+        if op == "count":
+            return count(int(args["to"]), float(args.get("sleep", 0)), args.get("die_at"))
         raise RuntimeError("boom")
 
-    serve(handle)
+    stopped = []
+
+    def count(to, sleep, die_at):
+        try:
+            for n in range(to):
+                if n == die_at:
+                    os._exit(4)
+                time.sleep(sleep)
+                yield {"n": n}
+            return {"counted": to, "resident": loaded}
+        finally:
+            stopped.append(True)  # a cancelled stream's generator is closed: its work stops
+
+    serve(handle, cancel_result=lambda: {"stopped": len(stopped), "resident": loaded})
     """
 )
 
@@ -161,5 +176,107 @@ async def test_the_worker_lru_keeps_the_most_recent_entries_and_reports_them(
             assert [entry["path"] for entry in worker.resident] == expected
             assert all(entry["bytes"] == len(entry["path"]) for entry in worker.resident)
         assert result["released"] == (1 if capacity == "2" else 4)  # each drop released
+    finally:
+        await worker.stop()
+
+
+async def test_a_stream_gives_the_events_then_the_result(script: Path, tmp_path: Path) -> None:
+    worker = await _spawn(script, tmp_path)
+    try:
+        async with worker.streaming("count", {"to": 3}) as stream:
+            events = [event async for event in stream]
+        assert events == [{"n": 0}, {"n": 1}, {"n": 2}]
+        assert stream.result == {"counted": 3, "resident": []} and stream.finished
+        assert (await worker.request("execute", {"path": "after"}))["echo"] == "after"
+    finally:
+        await worker.stop()
+
+
+async def test_leaving_a_stream_early_cancels_it_and_the_worker_stays_warm(
+    script: Path, tmp_path: Path
+) -> None:
+    worker = await _spawn(script, tmp_path)
+    pid = worker.process.pid
+    try:
+        async with worker.streaming("count", {"to": 1000, "sleep": 0.01}) as stream:
+            async for event in stream:
+                if event["n"] == 2:
+                    break
+        assert stream.result is not None and stream.result["cancelled"] is True
+        assert stream.result["stopped"] == 1  # the handler's generator was closed
+        assert worker.alive() and worker.process.pid == pid
+        assert (await worker.request("execute", {"path": "next"}))["echo"] == "next"
+    finally:
+        await worker.stop()
+
+
+async def test_a_caller_cancelled_while_it_waits_for_an_event_leaves_the_worker_warm(
+    script: Path, tmp_path: Path
+) -> None:
+    """A client that goes away cancels the task reading the stream mid-read: the pending
+    line is not lost, the host cancels the stream and reads its reply."""
+    worker = await _spawn(script, tmp_path)
+    seen: list[int] = []
+    try:
+        with anyio.move_on_after(0.5):
+            async with worker.streaming("count", {"to": 100, "sleep": 0.2}) as stream:
+                async for event in stream:
+                    seen.append(event["n"])
+        assert seen and stream.finished and stream.result is not None
+        assert stream.result["cancelled"] is True
+        assert worker.alive()
+        async with worker.streaming("count", {"to": 2}) as again:
+            assert [event["n"] async for event in again] == [0, 1]
+    finally:
+        await worker.stop()
+
+
+async def test_a_caller_already_cancelled_when_it_asks_for_an_event_loses_no_frame(
+    script: Path, tmp_path: Path
+) -> None:
+    """Cancelled before its read could start (a client gone between two events): the read
+    still happens, and the cancel that follows finds the worker's frames in order."""
+    worker = await _spawn(script, tmp_path)
+    try:
+        with anyio.CancelScope() as scope:
+            async with worker.streaming("count", {"to": 100, "sleep": 0.05}) as stream:
+                assert (await stream.__anext__()) == {"n": 0}
+                scope.cancel()
+                await stream.__anext__()
+        assert stream.result is not None and stream.result["cancelled"] is True
+        assert worker.alive()
+        assert (await worker.request("execute", {"path": "next"}))["echo"] == "next"
+    finally:
+        await worker.stop()
+
+
+async def test_a_worker_that_dies_mid_stream_is_a_typed_error(script: Path, tmp_path: Path) -> None:
+    worker = await _spawn(script, tmp_path)
+    seen: list[int] = []
+    with pytest.raises(WorkerGone, match=re.escape("exited during count (status 4)")):
+        async with worker.streaming("count", {"to": 5, "die_at": 2}) as stream:
+            async for event in stream:
+                seen.append(event["n"])
+    assert seen == [0, 1] and not worker.alive()
+
+
+async def test_a_request_waits_for_a_running_stream(script: Path, tmp_path: Path) -> None:
+    worker = await _spawn(script, tmp_path)
+    order: list[str] = []
+
+    async def stream() -> None:
+        async with worker.streaming("count", {"to": 3, "sleep": 0.1}) as events:
+            async for event in events:
+                order.append(f"event {event['n']}")
+
+    async def request() -> None:
+        await anyio.sleep(0.05)
+        order.append((await worker.request("execute", {"path": "queued"}))["echo"])
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(stream)
+            group.start_soon(request)
+        assert order == ["event 0", "event 1", "event 2", "queued"]
     finally:
         await worker.stop()

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
         TurnOutcome,
     )
     from .cache.entry import CacheEntry
-    from .companion import CompanionWorker, WorkerGone
+    from .companion import CompanionStream, CompanionWorker, WorkerGone
     from .config import werk_home
     from .demos import (
         DemoModel,
@@ -178,6 +178,7 @@ _HOME: dict[str, str] = {
     "DemoModel": ".demos",
     "DemoRequest": ".demos",
     "EnvironmentSpec": ".environments",
+    "CompanionStream": ".companion",
     "CompanionWorker": ".companion",
     "WorkerGone": ".companion",
     "EnvironmentState": ".environments",
@@ -260,6 +261,7 @@ __all__ = [
     "CapabilityReport",
     "CapabilityStatus",
     "ChatMessage",
+    "CompanionStream",
     "CompanionWorker",
     "Conflict",
     "DecodeCall",

@@ -12,29 +12,38 @@ frames with request ids, ``health`` first, then whatever operations the backend 
 Rules every companion worker gets from here:
 
 * **One request at a time.** Requests wait in line (first come, first served); an ``execute``
-  that would make more than ``max_waiting()`` requests wait is refused at once (``429
-  resource_exhausted`` with a ``Retry-After`` of the last execution's duration).
+  (streamed or not) that would make more than ``max_waiting()`` requests wait is refused at
+  once (``429 resource_exhausted`` with a ``Retry-After`` of the last execution's duration).
 * **Any failure ends the worker** — an error reply, a malformed or foreign frame, a timeout, a
   caller that goes away mid-request (its reply would otherwise be read by the next request) —
   and the next request starts a cold one; an ``execute`` is never sent twice.
 * **Typed errors.** An ``invalid`` error reply is ``400``, ``unsupported`` is ``501``, anything
   else (and a worker that exits) is :class:`WorkerGone` (``502 backend_error``); a timeout is
   ``504``. The worker's own text is cut to 300 characters.
+* **Streams.** :meth:`CompanionWorker.streaming` reads a handler's events as they come
+  (a text generation's deltas) and then its result; it holds the worker for the whole
+  stream. A caller that leaves early — also one cancelled while it waits for the next event
+  (a client that went away) — makes the host send ``cancel`` and read up to the worker's reply,
+  so the worker stays warm (a worker that does not reply within
+  :data:`CANCEL_GRACE_SECONDS` is ended).
 * **Residency.** A result carrying ``resident`` (the worker's loaded entries) updates
   :attr:`CompanionWorker.resident`, for the backend's capability rows and memory accounting.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import itertools
 import json
 import logging
 import os
 import secrets
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, Self, TypeVar
 
 import anyio
 
@@ -45,6 +54,7 @@ from .protocol import (
     ResourceExhausted,
     RuntimeEnded,
     Unsupported,
+    WerkError,
     WerkTimeout,
 )
 from .supervise import SupervisedProcess, WorkDir
@@ -52,6 +62,7 @@ from .supervise import SupervisedProcess, WorkDir
 __all__ = [
     "COMPANION_FRAMES_ENV",
     "TRANSPORT_VERSION",
+    "CompanionStream",
     "CompanionWorker",
     "WorkerGone",
     "frames_dir",
@@ -65,10 +76,28 @@ COMPANION_FRAMES_ENV = "WERK_COMPANION_FRAMES"
 LOGGED_WAIT_SECONDS = 1.0
 """A request that waited longer than this for the worker is logged (at warning level)."""
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+CANCEL_GRACE_SECONDS = 10.0
+"""How long a cancelled stream's worker may take to reply before it is ended."""
+BOUNDED_OPS = frozenset({"execute"})
+"""Operations refused with ``429`` when too many wait (an ``execute``, streamed or not)."""
+T = TypeVar("T")
 
 
 class WorkerGone(BackendError):
     """The worker failed or exited during a request; the next request starts a new one."""
+
+
+def _frame(line: bytes, request_id: str) -> dict[str, Any] | None:
+    """A frame of this transport for ``request_id``; ``None`` when it is anything else."""
+    try:
+        frame = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(frame, dict):
+        return None
+    if frame.get("v") != TRANSPORT_VERSION or frame.get("id") != request_id:
+        return None
+    return frame
 
 
 def frames_dir() -> Path:
@@ -109,6 +138,7 @@ class CompanionWorker:
         self._last_execute_seconds = 1.0
         self._ended = False
         self._on_end: list[Callable[[], None]] = []
+        self._pending: concurrent.futures.Future[bytes] | None = None
 
     @classmethod
     async def spawn(
@@ -167,25 +197,51 @@ class CompanionWorker:
         for callback in self._on_end:
             callback()
 
-    def _exchange(self, frame: bytes) -> bytes:
-        """Blocking: write one frame, read one line (in a worker thread)."""
+    def _send(self, frame: bytes) -> bool:
+        """Blocking: write one frame; whether it was written."""
         stdin: IO[bytes] | None = self.process.popen.stdin
-        stdout: IO[bytes] | None = self.process.popen.stdout
-        if stdin is None or stdout is None:
-            return b""
+        if stdin is None:
+            return False
         try:
             stdin.write(frame)
             stdin.flush()
-            return stdout.readline(MAX_FRAME_BYTES)
         except (BrokenPipeError, ValueError, OSError):
+            return False
+        return True
+
+    def _readline(self) -> bytes:
+        """Blocking: one line from the worker (``b""`` when it is gone)."""
+        stdout: IO[bytes] | None = self.process.popen.stdout
+        if stdout is None:
+            return b""
+        try:
+            return stdout.readline(MAX_FRAME_BYTES)
+        except (ValueError, OSError):
             return b""
 
-    async def request(
-        self, op: str, args: dict[str, Any], *, timeout: float = 600.0
-    ) -> dict[str, Any]:
-        """One request; see the module docstring for waiting, failures and errors."""
+    async def _read_frame(self) -> bytes:
+        """The worker's next line. A caller cancelled while it waits leaves the read pending
+        (its thread still takes the line), and the next call gets that line: no frame is
+        lost or read twice."""
+        pending = self._pending
+        if pending is None:  # its own thread: it reads even when this caller is cancelled
+            pending = self._pending = concurrent.futures.Future()  # before awaiting it
+            threading.Thread(
+                target=lambda: pending.set_result(self._readline()),
+                name=f"{self.kind}-worker-reader",
+                daemon=True,
+            ).start()
+        line = await anyio.to_thread.run_sync(pending.result, abandon_on_cancel=True)
+        self._pending = None
+        return line
+
+    def _exchange(self, frame: bytes) -> bytes:
+        """Blocking: write one frame, read one line (in a worker thread)."""
+        return self._readline() if self._send(frame) else b""
+
+    def _refuse_when_full(self, op: str) -> None:
         waiting = self._lock.statistics().tasks_waiting
-        bound = self._max_waiting() if op == "execute" and self._lock.locked() else None
+        bound = self._max_waiting() if op in BOUNDED_OPS and self._lock.locked() else None
         if bound is not None and waiting >= bound:
             retry = max(1, round(self._last_execute_seconds))
             setting = f" ({self._waiting_setting}={bound})" if self._waiting_setting else ""
@@ -194,6 +250,11 @@ class CompanionWorker:
                 f"{setting}; retry in about {retry} s",
                 retry_after=retry,
             )
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, op: str) -> AsyncIterator[None]:
+        """Wait for the worker (one request at a time); time the bounded operations."""
+        self._refuse_when_full(op)
         queued = time.monotonic()
         async with self._lock:
             waited = time.monotonic() - queued
@@ -207,35 +268,76 @@ class CompanionWorker:
                 )
             started = time.monotonic()
             try:
-                return await self._request_locked(op, args, timeout)
+                yield
             finally:
-                if op == "execute":
+                if op in BOUNDED_OPS:
                     self._last_execute_seconds = time.monotonic() - started
 
-    async def _request_locked(
-        self, op: str, args: dict[str, Any], timeout: float
+    async def request(
+        self, op: str, args: dict[str, Any], *, timeout: float = 600.0
     ) -> dict[str, Any]:
-        if not self.alive():  # it ended while this request waited: nothing was sent
-            raise RuntimeEnded(
-                f"the {self.kind} worker ended before this request reached it",
-                capability=CapabilityId.MODEL_RESIDENCY,
-            )
+        """One request; see the module docstring for waiting, failures and errors."""
+        async with self._turn(op):
+            return await self._request_locked(op, args, timeout)
+
+    @contextlib.asynccontextmanager
+    async def streaming(
+        self, op: str, args: dict[str, Any], *, timeout: float = 600.0
+    ) -> AsyncIterator[CompanionStream]:
+        """A streamed request: ``async for event in stream`` gives the worker's events, then
+        ``stream.result`` is its result. Leaving the block before the end (the caller went
+        away) asks the worker to cancel and reads up to its reply, so it stays warm; a worker
+        that does not answer that in :data:`CANCEL_GRACE_SECONDS` is ended. ``timeout``
+        bounds the wait for each frame."""
+        async with self._turn(op):
+            stream = CompanionStream(self, op, await self._open(op, args, timeout), timeout)
+            try:
+                yield stream
+            finally:
+                if not stream.finished:
+                    with anyio.CancelScope(shield=True):
+                        await stream.cancel()
+
+    async def _open(self, op: str, args: dict[str, Any], timeout: float) -> str:
+        """Send a request (the worker is this caller's); its id."""
+        self._check_alive()
         request_id = f"r{next(self._ids)}"
         frame = json.dumps({"v": TRANSPORT_VERSION, "id": request_id, "op": op, "args": args})
+        sent = await self._guarded(op, timeout, self._send, (frame + "\n").encode())
+        if not sent:
+            await self._reply(op, request_id, b"")  # raises WorkerGone with its status
+        return request_id
+
+    async def _guarded(self, op: str, timeout: float, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` in a thread: a timeout ends the worker (``WerkTimeout``); so does
+        a caller cancelled meanwhile (a late frame must never reach the next request)."""
         try:
             with anyio.fail_after(timeout):
-                line = await anyio.to_thread.run_sync(
-                    self._exchange, (frame + "\n").encode(), abandon_on_cancel=True
-                )
+                return await anyio.to_thread.run_sync(call, *args, abandon_on_cancel=True)
         except TimeoutError:
             await self.stop()
             raise WerkTimeout(
                 f"the {self.kind} worker did not answer {op} in {timeout:.0f}s"
             ) from None
-        except BaseException:  # cancelled mid-request: its late reply must never be read
+        except BaseException:
             self.process.kill_now()
             self._mark_ended()
             raise
+
+    def _check_alive(self) -> None:
+        if not self.alive():  # it ended while this request waited: nothing was sent
+            raise RuntimeEnded(
+                f"the {self.kind} worker ended before this request reached it",
+                capability=CapabilityId.MODEL_RESIDENCY,
+            )
+
+    async def _request_locked(
+        self, op: str, args: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        self._check_alive()
+        request_id = f"r{next(self._ids)}"
+        frame = json.dumps({"v": TRANSPORT_VERSION, "id": request_id, "op": op, "args": args})
+        line = await self._guarded(op, timeout, self._exchange, (frame + "\n").encode())
         return await self._reply(op, request_id, line)
 
     async def _reply(self, op: str, request_id: str, line: bytes) -> dict[str, Any]:
@@ -246,12 +348,8 @@ class CompanionWorker:
             raise WorkerGone(
                 f"the {self.kind} worker exited during {op} (status {code}): {tail[0][:200]}"
             )
-        try:
-            reply = json.loads(line)
-            valid = reply.get("v") == TRANSPORT_VERSION and reply.get("id") == request_id
-        except (ValueError, AttributeError):
-            valid = False
-        if not valid:
+        reply = _frame(line, request_id)
+        if reply is None or "event" in reply:
             await self.stop()
             raise WorkerGone(f"the {self.kind} worker answered {op} with a malformed frame")
         if not reply.get("ok"):
@@ -280,3 +378,63 @@ class CompanionWorker:
             if stream is not None and not stream.closed:
                 stream.close()
         self.workdir.release()  # idempotent
+
+
+class CompanionStream:
+    """The events of one streamed request (:meth:`CompanionWorker.streaming`).
+
+    :ivar result: the worker's result, once the events ended (``None`` before).
+    :ivar finished: whether the worker's reply was read.
+    """
+
+    def __init__(self, worker: CompanionWorker, op: str, request_id: str, timeout: float) -> None:
+        self._worker = worker
+        self._op = op
+        self._id = request_id
+        self._timeout = timeout
+        self.result: dict[str, Any] | None = None
+        self.finished = False
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self.finished:
+            raise StopAsyncIteration
+        worker = self._worker
+        try:
+            with anyio.fail_after(self._timeout):
+                line = await worker._read_frame()
+        except TimeoutError:
+            self.finished = True
+            await worker.stop()
+            raise WerkTimeout(
+                f"the {worker.kind} worker sent nothing for {self._op} in {self._timeout:.0f}s"
+            ) from None
+        frame = _frame(line, self._id)
+        if frame is not None and isinstance(frame.get("event"), dict):
+            return dict(frame["event"])
+        self.finished = True  # the reply (or a fault, which ends the worker and raises)
+        self.result = await worker._reply(self._op, self._id, line)
+        raise StopAsyncIteration
+
+    async def cancel(self) -> None:
+        """Ask the worker to stop, read up to its reply; end it when that fails."""
+        worker = self._worker
+        cancel = json.dumps({"v": TRANSPORT_VERSION, "id": self._id, "op": "cancel"})
+        try:
+            with anyio.fail_after(CANCEL_GRACE_SECONDS):
+                sent = await anyio.to_thread.run_sync(
+                    worker._send, (cancel + "\n").encode(), abandon_on_cancel=True
+                )
+                while sent and not self.finished:
+                    line = await worker._read_frame()
+                    frame = _frame(line, self._id)
+                    if frame is None or not isinstance(frame.get("event"), dict):
+                        self.finished = True
+                        self.result = await worker._reply(self._op, self._id, line)
+        except (TimeoutError, WerkError) as exc:
+            log.warning("the %s worker did not cancel cleanly (%s); ending it", worker.kind, exc)
+        if not self.finished:
+            await worker.stop()
+            self.finished = True

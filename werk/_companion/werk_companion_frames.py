@@ -15,6 +15,13 @@ One request at a time over stdio, one JSON object per line (transport version 1)
 * reply ``{"v": 1, "id": "r1", "ok": true, "result": {...}}`` or
   ``{"v": 1, "id": "r1", "ok": false, "error": {"kind": KIND, "message": TEXT}}``
 
+**Streaming.** A handler that returns a generator streams: each dict it yields is sent as an
+event ``{"v": 1, "id": "r1", "event": {...}}`` and the dict it returns is the reply's result.
+While it streams, the host may send ``{"v": 1, "id": "r1", "op": "cancel"}`` (its caller went
+away): the generator is closed at its next yield (``GeneratorExit`` there: stop the work in a
+``finally``) and the reply is ``ok`` with ``{"cancelled": true}`` and whatever
+``cancel_result()`` returns, so the worker stays warm for the next request.
+
 :class:`LoadedLRU` keeps what the worker loaded between requests (a bounded LRU whose
 entries report their bytes to the host through ``resident``).
 
@@ -31,8 +38,10 @@ import collections
 import io
 import json
 import os
+import select
 import sys
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 __all__ = ["TRANSPORT_VERSION", "LoadedLRU", "RequestError", "serve"]
@@ -111,15 +120,85 @@ def _protocol_stream() -> io.TextIOWrapper:
     return io.TextIOWrapper(os.fdopen(frames, "wb", buffering=0), encoding="utf-8", newline="\n")
 
 
+class _Lines:
+    """Lines from a file descriptor, readable without blocking (a cancel while streaming)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = b""
+        self.closed = False
+
+    def _fill(self) -> None:
+        chunk = os.read(self._fd, 1 << 16)
+        if chunk:
+            self._buffer += chunk
+        else:
+            self.closed = True
+
+    def readline(self, wait: bool = True) -> bytes | None:
+        """The next line; ``None`` at the end, or (``wait`` false) when none is ready."""
+        while b"\n" not in self._buffer and not self.closed:
+            if not wait and not select.select([self._fd], [], [], 0)[0]:
+                return None
+            self._fill()
+        if b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            return line + b"\n"
+        line, self._buffer = self._buffer, b""
+        return line or None
+
+
 def _failure(request_id: Any, kind: str, message: str) -> dict[str, Any]:
     error = {"kind": kind, "message": message}
     return {"v": TRANSPORT_VERSION, "id": request_id, "ok": False, "error": error}
 
 
-def serve(handle: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
-    """Answer requests from stdin until it closes."""
+def _write(frames: io.TextIOWrapper, frame: dict[str, Any]) -> None:
+    frames.write(json.dumps(frame) + "\n")
+    frames.flush()
+
+
+def _cancelled(lines: _Lines, request_id: Any) -> bool:
+    """Whether the host asked to cancel ``request_id`` (anything else it sent is a fault)."""
+    line = lines.readline(wait=False)
+    if line is None:
+        return lines.closed
+    frame = json.loads(line)
+    if frame.get("op") != "cancel" or frame.get("id") != request_id:
+        raise RequestError("invalid", "a request arrived while another one was streaming")
+    return True
+
+
+def _stream(
+    events: Generator[dict[str, Any], None, Any],
+    request_id: Any,
+    frames: io.TextIOWrapper,
+    lines: _Lines,
+    cancel_result: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    while True:
+        try:
+            event = next(events)
+        except StopIteration as stop:
+            return dict(stop.value or {})
+        _write(frames, {"v": TRANSPORT_VERSION, "id": request_id, "event": event})
+        if _cancelled(lines, request_id):
+            events.close()
+            return {"cancelled": True, **cancel_result()}
+
+
+def serve(
+    handle: Callable[[str, dict[str, Any]], dict[str, Any] | Iterator[dict[str, Any]]],
+    cancel_result: Callable[[], dict[str, Any]] = dict,
+) -> None:
+    """Answer requests from stdin until it closes.
+
+    :param handle: ``handle(op, args)``: a result dict, or a generator that streams (above).
+    :param cancel_result: what a cancelled stream's result adds (e.g. ``resident``).
+    """
     frames = _protocol_stream()
-    for line in sys.stdin:
+    lines = _Lines(sys.stdin.fileno())
+    while (line := lines.readline()) is not None:
         if not line.strip():
             continue
         request_id: Any = None
@@ -128,7 +207,11 @@ def serve(handle: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
             request_id = frame.get("id")
             if frame.get("v") != TRANSPORT_VERSION:
                 raise RequestError("version", f"transport version {frame.get('v')!r} is not 1")
+            if frame.get("op") == "cancel":
+                continue  # it crossed the end of the stream it meant: nothing runs now
             result = handle(str(frame.get("op")), dict(frame.get("args") or {}))
+            if isinstance(result, types.GeneratorType):
+                result = _stream(result, request_id, frames, lines, cancel_result)
             reply: dict[str, Any] = {
                 "v": TRANSPORT_VERSION,
                 "id": request_id,
@@ -140,5 +223,4 @@ def serve(handle: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
         except Exception as exc:  # a failed handler: reported, then the host ends this worker
             print(f"request {request_id} failed: {exc!r}", file=sys.stderr, flush=True)
             reply = _failure(request_id, "failed", f"{type(exc).__name__}: {exc}")
-        frames.write(json.dumps(reply) + "\n")
-        frames.flush()
+        _write(frames, reply)
