@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .demos import (
         DemoModel,
         DemoRequest,
+        tiny_llama_script,
     )
     from .environments import (
         EnvironmentSpec,
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
         ManagedEnvironment,
         configured_python,
     )
+    from .generation_reply import GenerationEvents, generation_reply
+    from .generation_request import generation_args
     from .hookspecs import (
         hookimpl,
         hookspec,
@@ -177,7 +180,11 @@ _HOME: dict[str, str] = {
     "werk_home": ".config",
     "DemoModel": ".demos",
     "DemoRequest": ".demos",
+    "tiny_llama_script": ".demos",
     "EnvironmentSpec": ".environments",
+    "GenerationEvents": ".generation_reply",
+    "generation_reply": ".generation_reply",
+    "generation_args": ".generation_request",
     "CompanionStream": ".companion",
     "CompanionWorker": ".companion",
     "WorkerGone": ".companion",
@@ -279,6 +286,7 @@ __all__ = [
     "ExpertReport",
     "ExpertTier",
     "FinishReason",
+    "GenerationEvents",
     "IncompatibleState",
     "InstallStep",
     "InsufficientStorage",
@@ -342,6 +350,8 @@ __all__ = [
     "free_port",
     "fsync_dir",
     "fsync_file",
+    "generation_args",
+    "generation_reply",
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
@@ -354,6 +364,7 @@ __all__ = [
     "replace_private_file",
     "storage_refusal",
     "sweep_stale_workdirs",
+    "tiny_llama_script",
     "wait_until_ready",
     "werk_home",
     "write_all",

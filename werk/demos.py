@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["DemoModel", "DemoRequest"]
+__all__ = ["DemoModel", "DemoRequest", "tiny_llama_script"]
 
 _KIND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
@@ -62,3 +62,18 @@ class DemoModel(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if not _KIND.match(self.kind):
             raise ValueError(f"demo kind {self.kind!r} must be lower-case [a-z0-9-], 1-32 chars")
+
+
+def tiny_llama_script() -> Path:
+    """The host's tiny-Llama writer, for a plugin's ``create`` to run with its own environment's
+    python (it needs torch, Transformers and tokenizers; no download)::
+
+        python SCRIPT TARGET_DIR SEED
+
+    writes a ``save_pretrained`` directory — a random ``LlamaForCausalLM`` (hidden 64, 2 layers,
+    a 2,048-token context), a byte-level BPE tokenizer trained on a built-in corpus, a chat
+    template — byte-identical for a seed, and prints the files it wrote. Every backend that
+    converts or loads it (Transformers, ONNX Runtime GenAI, MLX) starts from the same weights,
+    so their greedy token ids can be compared.
+    """
+    return Path(__file__).with_name("_demo") / "tiny_llama.py"

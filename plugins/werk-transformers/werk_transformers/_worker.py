@@ -166,7 +166,7 @@ def _generate(args: dict[str, Any]) -> Generator[dict[str, Any], None, dict[str,
     stops = [str(s) for s in args.get("stop") or [] if s]
     hold = max((len(s) for s in stops), default=1) - 1
     produced: list[int] = []
-    text, sent, finish = "", 0, "length"
+    text, sent, emitted, finish = "", 0, 0, "length"
     step_input = torch.tensor([ids])
     past = None
     try:
@@ -188,16 +188,19 @@ def _generate(args: dict[str, Any]) -> Generator[dict[str, Any], None, dict[str,
                 while ready > sent and text[ready - 1] == "\ufffd":  # a partial UTF-8 sequence
                     ready -= 1
                 if ready > sent:
-                    yield {"text": text[sent:ready]}
-                    sent = ready
+                    yield {"text": text[sent:ready], "ids": produced[emitted:]}
+                    sent, emitted = ready, len(produced)
                 step_input = torch.tensor([[token]])
-        if len(text) > sent:
-            yield {"text": text[sent:]}
+        if len(text) > sent or len(produced) > emitted:
+            yield {"text": text[sent:], "ids": produced[emitted:]}
     finally:
         del past
         MODELS.after_request()
     usage = {"prompt_tokens": len(ids), "completion_tokens": len(produced)}
-    return {"finish_reason": finish, "usage": usage, "resident": MODELS.resident()}
+    result = {"finish_reason": finish, "usage": usage, "resident": MODELS.resident()}
+    if args.get("return_token_ids"):
+        result["prompt_ids"] = ids
+    return result
 
 
 def _versions() -> dict[str, str]:

@@ -8,13 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from werk import DemoModel, DemoRequest, InvalidRequest, WerkError
+from werk import DemoModel, DemoRequest, InvalidRequest, WerkError, tiny_llama_script
 
 from .environment import INSTALL_HINT, locate
 
 __all__ = ["DEMOS"]
-
-SCRIPT = Path(__file__).with_name("_tiny_llama.py")
 
 
 def _create(request: DemoRequest) -> list[Path]:
@@ -31,7 +29,7 @@ def _create(request: DemoRequest) -> list[Path]:
         raise InvalidRequest(f"{target} exists and was not written by create-demo")
     request.progress(f"writing a tiny random Llama (seed {request.seed}) to {target}")
     done = subprocess.run(
-        [str(found.python), str(SCRIPT), str(target), str(request.seed)],
+        [str(found.python), str(tiny_llama_script()), str(target), str(request.seed)],
         capture_output=True, text=True, timeout=600, check=False,
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip

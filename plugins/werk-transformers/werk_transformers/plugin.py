@@ -38,12 +38,12 @@ from werk import (
     Runtime,
     RuntimeEnded,
     WerkError,
+    generation_args,
+    generation_reply,
     hookimpl,
 )
 
 from .environment import locate
-from .replies import GenerationStream, Reply, body_of, refusal
-from .requests import generation_args
 
 if TYPE_CHECKING:
     from .worker import TransformersWorker
@@ -215,27 +215,11 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
     handle = runtime.handle
     if not isinstance(handle, TransformersHandle):
         return None
-    args = generation_args(call) | {"path": str(handle.path)}
+    args = generation_args(call, BACKEND) | {"path": str(handle.path)}
     if "messages" in args and not handle.chat_template:
         raise InvalidRequest(
             f"model {runtime.model.id!r} has no chat template; use /v1/completions"
         )
     if not handle.worker.alive():
         raise RuntimeEnded("the transformers worker ended before this request reached it")
-    reply = Reply(call.route, runtime.model.id)
-    exits = contextlib.AsyncExitStack()
-    streaming = False
-    try:
-        stream = await exits.enter_async_context(handle.worker.streaming("execute", args))
-        if not call.stream:
-            return OpenAIReply(body=await body_of(stream, reply))
-        first = await anext(stream, None)  # a refusal is a 400, before the reply starts
-        if first is None:
-            refusal(stream.result)
-        options = call.body.get("stream_options") or {}
-        chunks = GenerationStream(stream, exits, reply, first, bool(options.get("include_usage")))
-        streaming = True  # the stream owns the worker now; the host closes it
-        return OpenAIReply(stream=chunks)
-    finally:
-        if not streaming:
-            await exits.aclose()
+    return await generation_reply(call, runtime.model.id, handle.worker.streaming("execute", args))

@@ -1,9 +1,9 @@
-"""Run by the worker's python (never imported by Werk): write a tiny random Llama
-(``LlamaForCausalLM``: hidden 64, 2 layers, 4 heads, 2 KV heads) with a byte-level BPE tokenizer
-trained here on a built-in corpus (no hub), a chat template in ``chat_template.jinja``, and
-``<|end|>`` as its end-of-turn token; deterministic for a seed.
+"""Run by a plugin environment's python, never imported by Werk (:func:`werk.tiny_llama_script`):
+write a tiny random Llama (``LlamaForCausalLM``: hidden 64, 2 layers, 4 heads, 2 KV heads) with
+a byte-level BPE tokenizer trained here on a built-in corpus (no hub), a chat template in
+``chat_template.jinja``, and ``<|end|>`` as its end-of-turn token; deterministic for a seed.
 
-``python _tiny_llama.py TARGET_DIR SEED`` writes a ``save_pretrained`` directory and prints the
+``python tiny_llama.py TARGET_DIR SEED`` writes a ``save_pretrained`` directory and prints the
 relative paths of the files it wrote, one per line.
 """
 
@@ -80,7 +80,7 @@ def _corpus() -> list[str]:
 
 
 def main(target: Path, seed: int) -> None:
-    import torch
+    import torch  # type: ignore[import-not-found]  # the plugin environment's, not Werk's
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -95,7 +95,7 @@ def main(target: Path, seed: int) -> None:
         show_progress=False,
     )
     bpe.train_from_iterator(_corpus(), trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=bpe,
         bos_token="<|begin|>",  # noqa: S106 - special tokens, not passwords
         eos_token="<|end|>",  # noqa: S106

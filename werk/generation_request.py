@@ -1,22 +1,28 @@
-"""What a ``/v1`` chat or text-completion body asks of the worker, checked before it is sent.
+"""What a ``/v1`` chat or text-completion body asks of a backend that generates text itself
+(a companion worker, a per-request runner), checked before anything runs.
 
-Fields that would change the answer if honoured but that this backend does not do (tools,
-structured output, log-probabilities, penalties, several choices, image input) are refused with
-``501 unsupported``, naming the field; unknown fields are refused with ``400`` (a typo must not
-be silently ignored); malformed values are ``400`` naming the field. Defaults follow OpenAI:
-``temperature`` 1, ``top_p`` 1, chat ``max_tokens`` up to the context, completions 16.
+:func:`generation_args` turns the body into the arguments such a backend's generator takes
+(``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``return_token_ids``, and
+``messages`` or ``prompt``). Fields that would change the answer if honoured but that these
+backends do not do (tools, structured output, log-probabilities, penalties, several choices,
+image or audio input) are refused with ``501 unsupported``, naming the field; unknown fields are
+refused with ``400`` (a typo must not be silently ignored); malformed values are ``400`` naming
+the field. Defaults follow OpenAI: ``temperature`` 1, ``top_p`` 1, chat ``max_tokens`` up to the
+context, completions 16. ``return_token_ids`` is vLLM's (0.10.2 and later): the reply carries the
+token ids (:mod:`werk.generation_reply`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from werk import InvalidRequest, OpenAICall, Unsupported
+from .backends import OpenAICall
+from .protocol import InvalidRequest, Unsupported
 
 __all__ = ["generation_args"]
 
 SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop"}
-COMMON = {"model", "stream", "stream_options", "n", "user"} | SAMPLING
+COMMON = {"model", "stream", "stream_options", "n", "user", "return_token_ids"} | SAMPLING
 CHAT_FIELDS = COMMON | {"messages", "metadata", "store"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix", "logprobs"}
 NOT_DONE = {
@@ -82,10 +88,10 @@ def _stops(body: dict[str, Any]) -> list[str]:
     return [s for s in stops if s]
 
 
-def _check_fields(body: dict[str, Any], allowed: set[str], route: str) -> None:
+def _check_fields(body: dict[str, Any], allowed: set[str], route: str, backend: str) -> None:
     for name, what in NOT_DONE.items():
         if name in body and body[name] not in NO_OP:
-            raise Unsupported(f"the transformers backend does not do {what} ('{name}')")
+            raise Unsupported(f"the {backend} backend does not do {what} ('{name}')")
     unknown = sorted(set(body) - allowed - set(NOT_DONE))
     if unknown:
         raise InvalidRequest(
@@ -94,17 +100,17 @@ def _check_fields(body: dict[str, Any], allowed: set[str], route: str) -> None:
             param=unknown[0],
         )
     if _whole(body, "n", 1) not in (None, 1):
-        raise Unsupported("the transformers backend answers one choice ('n' must be 1)")
+        raise Unsupported(f"the {backend} backend answers one choice ('n' must be 1)")
     if _whole(body, "best_of", 1) not in (None, 1):
-        raise Unsupported("the transformers backend answers one choice ('best_of' must be 1)")
+        raise Unsupported(f"the {backend} backend answers one choice ('best_of' must be 1)")
     if body.get("echo") or body.get("suffix"):
-        raise Unsupported("the transformers backend does not do 'echo' or 'suffix'")
+        raise Unsupported(f"the {backend} backend does not do 'echo' or 'suffix'")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
 
 
-def _content(message: dict[str, Any], index: int) -> str:
+def _content(message: dict[str, Any], index: int, backend: str) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -120,7 +126,7 @@ def _content(message: dict[str, Any], index: int) -> str:
             raise InvalidRequest(f"messages[{index}].content parts must be objects")
         if part.get("type") != "text":
             raise Unsupported(
-                f"the transformers backend serves text; messages[{index}] has a "
+                f"the {backend} backend serves text; messages[{index}] has a "
                 f"{part.get('type')!r} part"
             )
         if not isinstance(part.get("text"), str):
@@ -129,7 +135,7 @@ def _content(message: dict[str, Any], index: int) -> str:
     return "".join(texts)
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any], backend: str) -> list[dict[str, str]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list of messages", param="messages")
@@ -139,12 +145,12 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
             raise InvalidRequest(f"messages[{index}] must be an object", param="messages")
         role = message.get("role")
         if role == "tool" or message.get("tool_calls"):
-            raise Unsupported("the transformers backend does not do tool calling (a tool turn)")
+            raise Unsupported(f"the {backend} backend does not do tool calling (a tool turn)")
         if role not in ROLES:
             raise InvalidRequest(
                 f"messages[{index}].role must be one of {', '.join(ROLES)}", param="messages"
             )
-        converted.append({"role": str(role), "content": _content(message, index)})
+        converted.append({"role": str(role), "content": _content(message, index, backend)})
     return converted
 
 
@@ -157,11 +163,15 @@ def _prompt(body: dict[str, Any]) -> str:
     return prompt
 
 
-def generation_args(call: OpenAICall) -> dict[str, Any]:
-    """The worker's ``execute`` arguments (without the model's path) for ``call``."""
+def generation_args(call: OpenAICall, backend: str) -> dict[str, Any]:
+    """The generator's arguments for ``call`` (``backend`` names the backend in refusals).
+
+    :raises werk.InvalidRequest: a malformed or unknown field.
+    :raises werk.Unsupported: a field these backends do not honour.
+    """
     body = call.body
     chat = call.route == "chat.completions"
-    _check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, call.route)
+    _check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, call.route, backend)
     limit = _whole(body, "max_completion_tokens", 1) if chat else None
     if limit is None:
         limit = _whole(body, "max_tokens", 1)
@@ -179,8 +189,12 @@ def generation_args(call: OpenAICall) -> dict[str, Any]:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise InvalidRequest("'seed' must be a whole number", param="seed")
         args["seed"] = seed % 2**63
+    if body.get("return_token_ids") not in (None, False, True):
+        raise InvalidRequest("'return_token_ids' must be a boolean", param="return_token_ids")
+    if body.get("return_token_ids"):
+        args["return_token_ids"] = True
     if chat:
-        args["messages"] = _messages(body)
+        args["messages"] = _messages(body, backend)
     else:
         args["prompt"] = _prompt(body)
     return args
