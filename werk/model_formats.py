@@ -2,7 +2,8 @@
 
 A single file's format is its suffix (``gguf``); its contents are the backend's to check
 (:attr:`werk.BackendDescriptor.inspect`). A directory is a Diffusers pipeline when it holds
-``model_index.json`` and a Hugging Face (Transformers) model when it holds ``config.json``; the
+``model_index.json``, an ONNX Runtime GenAI model when it holds ``genai_config.json`` (its
+builder's output) and a Hugging Face (Transformers) model when it holds ``config.json``; the
 host checks such a directory itself, the same way for every backend that serves it, before a
 manifest is written: the JSON parses to an object, a pipeline's components have their
 folders, a Transformers model has weights (every shard a ``*.index.json`` names), and
@@ -25,6 +26,7 @@ from .protocol import InvalidRequest
 
 __all__ = [
     "DIFFUSERS",
+    "ONNX_GENAI",
     "TRANSFORMERS",
     "directory_facts",
     "formats_of",
@@ -33,7 +35,10 @@ __all__ = [
 ]
 
 DIFFUSERS = "diffusers"
+ONNX_GENAI = "onnx-genai"
 TRANSFORMERS = "hf"
+MARKERS = ("model_index.json", "genai_config.json", "config.json")
+"""The file that makes a directory a model, in the order they are looked for."""
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".npz", ".msgpack")
 _MAX_JSON_BYTES = 16 * 1024 * 1024
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
@@ -41,7 +46,8 @@ _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 
 def formats_of(paths: list[Path]) -> set[str]:
     """The formats the paths name: a file's suffix (``gguf``); a Diffusers pipeline directory
-    (``model_index.json``) is ``diffusers``; another directory with a ``config.json`` is a
+    (``model_index.json``) is ``diffusers``; an ONNX Runtime GenAI directory
+    (``genai_config.json``) is ``onnx-genai``; another directory with a ``config.json`` is a
     Hugging Face model (``hf``: more than one backend may serve it).
 
     :raises werk.InvalidRequest: a directory that is neither.
@@ -52,12 +58,12 @@ def formats_of(paths: list[Path]) -> set[str]:
             formats.add(path.suffix.lower().lstrip("."))
         elif (path / "model_index.json").is_file():
             formats.add(DIFFUSERS)
+        elif (path / "genai_config.json").is_file():
+            formats.add(ONNX_GENAI)
         elif (path / "config.json").is_file():
             formats.add(TRANSFORMERS)
         else:
-            raise InvalidRequest(
-                f"{path} is a directory without model_index.json or config.json: not a model"
-            )
+            raise InvalidRequest(f"{path} is a directory without {', '.join(MARKERS)}: not a model")
     return formats
 
 
@@ -167,10 +173,6 @@ def _transformers_facts(root: Path) -> ModelFacts:
         architecture = (
             config.get("model_type") if isinstance(config.get("model_type"), str) else None
         )
-    tokenizer = root / "tokenizer_config.json"
-    template = (root / "chat_template.jinja").is_file() or (root / "chat_template.json").is_file()
-    if not template and tokenizer.is_file():
-        template = bool(_json_object(tokenizer).get("chat_template"))
     quant = config.get("quantization_config")
     quantization = (
         str(quant.get("quant_method"))
@@ -183,9 +185,38 @@ def _transformers_facts(root: Path) -> ModelFacts:
         parameters=parameters,
         quantization=quantization,
         context_length=_positive(source, "max_position_embeddings", "n_positions", "seq_length"),
-        chat_template=template if tokenizer.is_file() or template else None,
+        chat_template=_chat_template(root),
         experts=_positive(source, "num_local_experts", "num_experts", "n_routed_experts"),
         experts_used=_positive(source, "num_experts_per_tok", "num_experts_per_token"),
+    )
+
+
+def _chat_template(root: Path) -> bool | None:
+    """Whether the tokenizer has a chat template (``None``: no tokenizer config says)."""
+    tokenizer = root / "tokenizer_config.json"
+    template = (root / "chat_template.jinja").is_file() or (root / "chat_template.json").is_file()
+    if not template and tokenizer.is_file():
+        template = bool(_json_object(tokenizer).get("chat_template"))
+    return template if tokenizer.is_file() or template else None
+
+
+def _onnx_genai_facts(root: Path) -> ModelFacts:
+    config = _json_object(root / "genai_config.json")
+    model = config.get("model")
+    if not isinstance(model, dict):
+        raise InvalidRequest("genai_config.json has no 'model' object")
+    decoder = model.get("decoder") if isinstance(model.get("decoder"), dict) else {}
+    filename = decoder.get("filename") if isinstance(decoder, dict) else None
+    if not isinstance(filename, str) or not (root / filename).is_file():
+        raise InvalidRequest(
+            f"genai_config.json names decoder {filename!r}, which is missing from {root.name}"
+        )
+    kind = model.get("type")
+    return ModelFacts(
+        format=ONNX_GENAI,
+        architecture=kind if isinstance(kind, str) else None,
+        context_length=_positive(model, "context_length"),
+        chat_template=_chat_template(root),
     )
 
 
@@ -219,9 +250,11 @@ def directory_facts(path: Path) -> ModelFacts:
     """
     if (path / "model_index.json").is_file():
         return _diffusers_facts(path)
+    if (path / "genai_config.json").is_file():
+        return _onnx_genai_facts(path)
     if (path / "config.json").is_file():
         return _transformers_facts(path)
-    raise InvalidRequest(f"{path} is a directory without model_index.json or config.json")
+    raise InvalidRequest(f"{path} is a directory without {', '.join(MARKERS)}")
 
 
 def model_root(files: tuple[Path, ...]) -> Path | None:
@@ -230,9 +263,7 @@ def model_root(files: tuple[Path, ...]) -> Path | None:
     if len(files) < 2:
         return None
     root = Path(os.path.commonpath([str(f) for f in files]))
-    return (
-        root if (root / "model_index.json").is_file() or (root / "config.json").is_file() else None
-    )
+    return root if any((root / marker).is_file() for marker in MARKERS) else None
 
 
 def inspect_model(spec: ModelSpec, descriptor: BackendDescriptor) -> ModelFacts | None:
