@@ -123,6 +123,7 @@ if TYPE_CHECKING:
         WerkTimeout,
         storage_refusal,
     )
+    from .runner import RunnerStream, run_generation
     from .supervise import (
         ProcessExited,
         SupervisedProcess,
@@ -185,6 +186,8 @@ _HOME: dict[str, str] = {
     "GenerationEvents": ".generation_reply",
     "generation_reply": ".generation_reply",
     "generation_args": ".generation_request",
+    "RunnerStream": ".runner",
+    "run_generation": ".runner",
     "CompanionStream": ".companion",
     "CompanionWorker": ".companion",
     "WorkerGone": ".companion",
@@ -326,6 +329,7 @@ __all__ = [
     "Reuse",
     "ReuseUnavailable",
     "RewrittenStream",
+    "RunnerStream",
     "Runtime",
     "RuntimeEnded",
     "RuntimeRequirement",
@@ -362,6 +366,7 @@ __all__ = [
     "probe_state_hooks",
     "renamed",
     "replace_private_file",
+    "run_generation",
     "storage_refusal",
     "sweep_stale_workdirs",
     "tiny_llama_script",

@@ -23,7 +23,9 @@ away): the generator is closed at its next yield (``GeneratorExit`` there: stop 
 ``cancel_result()`` returns, so the worker stays warm for the next request.
 
 :class:`LoadedLRU` keeps what the worker loaded between requests (a bounded LRU whose
-entries report their bytes to the host through ``resident``).
+entries report their bytes to the host through ``resident``). :class:`GeneratedText` turns
+generated token ids into the ``{"text", "ids"}`` events a text generation streams (the host's
+:func:`werk.generation_reply` reads them); a per-request runner can use it too.
 
 Error kinds: ``invalid`` (the request was at fault), ``unsupported``, ``version`` (a frame of
 another transport version), ``failed`` (anything else the handler raised; its repr goes to the
@@ -44,7 +46,7 @@ import types
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-__all__ = ["TRANSPORT_VERSION", "LoadedLRU", "RequestError", "serve"]
+__all__ = ["TRANSPORT_VERSION", "GeneratedText", "LoadedLRU", "RequestError", "serve"]
 
 TRANSPORT_VERSION = 1
 
@@ -111,6 +113,52 @@ class LoadedLRU:
         """Evict until at most ``capacity`` entries remain."""
         while len(self._entries) > self.capacity:
             self.drop(next(iter(self._entries)))
+
+
+class GeneratedText:
+    """The text of a generation as its tokens arrive, cut into stream events.
+
+    :param decode: ``decode(ids) -> str`` (the tokenizer's, special tokens skipped).
+    :param stops: strings that end the generation (not included in the text).
+
+    :meth:`add` returns the next event (``{"text": DELTA, "ids": NEW_TOKEN_IDS}``) or ``None``
+    while nothing can be sent yet: text that could still become a stop string, or a partial
+    UTF-8 sequence (``\ufffd`` at the end), is held back. :attr:`stopped` says a stop string was
+    reached (the text is cut before it); :meth:`rest` is the final event, if any.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stops: list[str]) -> None:
+        self._decode = decode
+        self._stops = [stop for stop in stops if stop]
+        self._hold = max((len(stop) for stop in self._stops), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""
+        self.stopped = False
+        self._sent = 0
+        self._emitted = 0
+
+    def _event(self, end: int) -> dict[str, Any]:
+        event = {"text": self.text[self._sent : end], "ids": self.ids[self._emitted :]}
+        self._sent, self._emitted = end, len(self.ids)
+        return event
+
+    def add(self, token: int) -> dict[str, Any] | None:
+        self.ids.append(int(token))
+        self.text = self._decode(self.ids)
+        found = [i for i in (self.text.find(stop) for stop in self._stops) if i >= 0]
+        if found:
+            self.text, self.stopped = self.text[: min(found)], True
+            return self.rest()
+        ready = len(self.text) - self._hold
+        while ready > self._sent and self.text[ready - 1] == "\ufffd":
+            ready -= 1
+        return self._event(ready) if ready > self._sent else None
+
+    def rest(self) -> dict[str, Any] | None:
+        """What was held back (at the end of the generation)."""
+        if len(self.text) > self._sent or len(self.ids) > self._emitted:
+            return self._event(len(self.text))
+        return None
 
 
 def _protocol_stream() -> io.TextIOWrapper:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
-from werk_companion_frames import LoadedLRU, RequestError, serve
+from werk_companion_frames import GeneratedText, LoadedLRU, RequestError, serve
 
 CAUSAL_SUFFIX = "ForCausalLM"
 
@@ -139,11 +139,6 @@ def _pick(logits: Any, temperature: float, top_p: float, generator: Any) -> int:
     return int(torch.multinomial(probabilities, 1, generator=generator))
 
 
-def _stop_at(text: str, stops: list[str]) -> int | None:
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(found) if found else None
-
-
 def _generate(args: dict[str, Any]) -> Generator[dict[str, Any], None, dict[str, Any]]:
     import torch
 
@@ -163,10 +158,9 @@ def _generate(args: dict[str, Any]) -> Generator[dict[str, Any], None, dict[str,
     top_p = float(args.get("top_p", 1.0))
     seed = args.get("seed")
     generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
-    stops = [str(s) for s in args.get("stop") or [] if s]
-    hold = max((len(s) for s in stops), default=1) - 1
-    produced: list[int] = []
-    text, sent, emitted, finish = "", 0, 0, "length"
+    stops = [str(s) for s in args.get("stop") or []]
+    text = GeneratedText(lambda t: str(loaded.tokenizer.decode(t, skip_special_tokens=True)), stops)
+    finish = "length"
     step_input = torch.tensor([ids])
     past = None
     try:
@@ -178,25 +172,20 @@ def _generate(args: dict[str, Any]) -> Generator[dict[str, Any], None, dict[str,
                 if token in loaded.eos:
                     finish = "stop"
                     break
-                produced.append(token)
-                text = str(loaded.tokenizer.decode(produced, skip_special_tokens=True))
-                cut = _stop_at(text, stops)
-                if cut is not None:
-                    text, finish = text[:cut], "stop"
+                event = text.add(token)
+                if event is not None:
+                    yield event
+                if text.stopped:
+                    finish = "stop"
                     break
-                ready = len(text) - hold
-                while ready > sent and text[ready - 1] == "\ufffd":  # a partial UTF-8 sequence
-                    ready -= 1
-                if ready > sent:
-                    yield {"text": text[sent:ready], "ids": produced[emitted:]}
-                    sent, emitted = ready, len(produced)
                 step_input = torch.tensor([[token]])
-        if len(text) > sent or len(produced) > emitted:
-            yield {"text": text[sent:], "ids": produced[emitted:]}
+        rest = text.rest()
+        if rest is not None:
+            yield rest
     finally:
         del past
         MODELS.after_request()
-    usage = {"prompt_tokens": len(ids), "completion_tokens": len(produced)}
+    usage = {"prompt_tokens": len(ids), "completion_tokens": len(text.ids)}
     result = {"finish_reason": finish, "usage": usage, "resident": MODELS.resident()}
     if args.get("return_token_ids"):
         result["prompt_ids"] = ids
