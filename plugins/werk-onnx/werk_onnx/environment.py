@@ -1,0 +1,71 @@
+"""Where the ONNX worker's and reference runner's Python comes from.
+
+``WERK_ONNX_PYTHON`` when set, else the managed environment ``werk backends install onnx``
+builds: ONNX Runtime GenAI 0.18.0 (a CPU wheel; it brings ONNX Runtime) for inference, and its
+model builder's needs — torch 2.13.0 (the CPU build here), Transformers 5.17.0, ``onnx``,
+``onnx-ir`` — to convert a Transformers model (``werk models create-demo --kind onnx`` does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from werk import (
+    CapabilityId,
+    EnvironmentSpec,
+    ManagedEnvironment,
+    Unavailable,
+    configured_python,
+    werk_home,
+)
+
+__all__ = ["INSTALL_HINT", "OnnxPython", "environment_spec", "locate"]
+
+NAME = "onnx"
+PYTHON_ENV = "WERK_ONNX_PYTHON"
+INSTALL_HINT = "run `werk backends install onnx`"
+REQUIREMENTS = (
+    "onnxruntime-genai==0.18.0",
+    "onnx>=1.17",
+    "onnx-ir>=0.1",
+    "torch==2.13.0",
+    "transformers==5.17.0",
+    "tokenizers>=0.22",
+    "safetensors>=0.4",
+    "numpy>=1.26",
+)
+
+
+class OnnxPython(msgspec.Struct, frozen=True):
+    """An interpreter with ONNX Runtime GenAI, and where it came from."""
+
+    python: Path
+    source: str
+
+
+def environment_spec() -> EnvironmentSpec:
+    return EnvironmentSpec(
+        name=NAME,
+        description="ONNX Runtime GenAI 0.18 (CPU) and its model builder (torch, Transformers, "
+        "onnx) for the onnx-genai worker and the onnx-runner reference runner",
+        requirements=REQUIREMENTS,
+        imports=("onnxruntime_genai", "onnx", "onnx_ir", "torch", "transformers"),
+    )
+
+
+def locate() -> OnnxPython:
+    """``WERK_ONNX_PYTHON``, else the managed environment; ``Unavailable`` naming the install
+    command when there is neither."""
+    configured = configured_python(PYTHON_ENV)
+    if configured is not None:
+        return OnnxPython(configured, PYTHON_ENV)
+    managed = ManagedEnvironment(werk_home(), NAME).ready_python(environment_spec())
+    if managed is not None:
+        return OnnxPython(managed, "the managed onnx environment")
+    raise Unavailable(
+        f"ONNX Runtime GenAI is not installed; {INSTALL_HINT}",
+        capability=CapabilityId.MODEL_RESIDENCY,
+        retryable=False,
+    )

@@ -1,0 +1,332 @@
+"""Werk hook implementations for backends ``onnx-genai`` and ``onnx-runner``.
+
+``onnx-genai`` serves ``/v1`` chat and text completions (streamed and not) from one ONNX
+Runtime GenAI companion worker per Werk process (:mod:`.worker`, ``_worker.py``): an LRU of
+loaded models (``WERK_ONNX_GENAI_MODEL_CACHE_SIZE``, default 1), a new generator and prompt
+state per request, one generation at a time. Its ``runtime.model_residency`` row is
+``supported`` while the worker lives (and before, with only ``load``, when the environment is
+found), ``unavailable`` without the environment.
+
+``onnx-runner`` starts a configured opaque runner for each request (``werk.run_generation``: the
+runner contract) — the model's ``runner`` option (a JSON list of arguments, or a command line
+split like a shell would, never run by one), else the bundled reference runner (``_runner.py``:
+ONNX Runtime GenAI in the onnx environment). Nothing stays resident: its
+``runtime.model_residency`` row is ``unsupported`` (the runner exposes no validated residency
+protocol). The model's ``runner_timeout`` option bounds each run (seconds, default 600);
+``WERK_ONNX_RUNNER_CONCURRENCY`` runners run at once (default 1; the others wait their turn).
+
+Neither keeps a prompt or KV state across requests: the state, prefill/decode and expert rows
+are the host's ``unsupported``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shlex
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from werk import (
+    BackendDescriptor,
+    CapabilityContext,
+    CapabilityId,
+    CapabilityReport,
+    CapabilityStatus,
+    DemoModel,
+    EnvironmentSpec,
+    InvalidRequest,
+    ModelSpec,
+    OpenAICall,
+    OpenAIReply,
+    RunnerStream,
+    Runtime,
+    RuntimeEnded,
+    Unavailable,
+    WerkError,
+    generation_args,
+    generation_reply,
+    hookimpl,
+    run_generation,
+    werk_home,
+)
+
+from .environment import locate
+
+if TYPE_CHECKING:
+    from .worker import OnnxWorker
+
+GENAI, RUNNER = "onnx-genai", "onnx-runner"
+RUNNER_SCRIPT = Path(__file__).with_name("_runner.py")
+CONCURRENCY_ENV = "WERK_ONNX_RUNNER_CONCURRENCY"
+DEFAULT_RUNNER_TIMEOUT = 600.0
+
+
+@dataclass(eq=False)
+class GenaiHandle:
+    """An onnx-genai model's runtime: the shared worker and the model's folder."""
+
+    worker: OnnxWorker
+    path: Path
+    context_length: int
+
+
+@dataclass(eq=False)
+class RunnerHandle:
+    """An onnx-runner model's runtime: the argv started per request and the model's path."""
+
+    argv: list[str]
+    path: Path
+    timeout: float
+
+
+class _Shared:
+    worker: OnnxWorker | None = None
+    runtimes: list[Runtime] = []
+    limiter: anyio.CapacityLimiter | None = None
+
+
+def _model_path(spec: ModelSpec) -> Path:
+    """The model's folder (the files' common directory), or its one file."""
+    if len(spec.files) == 1:
+        return spec.files[0]
+    return Path(os.path.commonpath([str(f) for f in spec.files]))
+
+
+async def _worker() -> OnnxWorker:
+    from .worker import OnnxWorker
+
+    worker = _Shared.worker
+    if worker is not None and worker.alive():
+        return worker
+    if worker is not None:
+        await worker.stop()
+    worker = _Shared.worker = await OnnxWorker.start(locate())
+
+    def ended() -> None:
+        for runtime in list(_Shared.runtimes):
+            if isinstance(runtime.handle, GenaiHandle) and runtime.handle.worker is worker:
+                runtime.alive = False
+
+    worker.on_end(ended)
+    return worker
+
+
+async def start_genai(spec: ModelSpec) -> Runtime:
+    """``onnx-genai`` start: the worker checks the folder and loads the model (its LRU)."""
+    path = _model_path(spec)
+    if not (path / "genai_config.json").is_file():
+        raise InvalidRequest(
+            f"model {spec.id!r} is not an ONNX Runtime GenAI folder (no genai_config.json)"
+        )
+    worker = await _worker()
+    probe = await worker.request("probe-model", {"path": str(path)})
+    await worker.request("load", {"path": str(path)})
+    runtime = Runtime(
+        backend=GENAI,
+        model=spec,
+        generation=worker.generation,
+        handle=GenaiHandle(worker, path, int(probe["context_length"])),
+    )
+    _Shared.runtimes.append(runtime)
+    return runtime
+
+
+async def stop_genai(runtime: Runtime) -> None:
+    """``onnx-genai`` stop: drop the model; the last runtime ends the worker."""
+    runtime.alive = False
+    _Shared.runtimes = [r for r in _Shared.runtimes if r is not runtime]
+    handle = runtime.handle
+    if not isinstance(handle, GenaiHandle) or not handle.worker.alive():
+        return
+    worker = handle.worker
+    if any(getattr(r.handle, "worker", None) is worker for r in _Shared.runtimes):
+        with contextlib.suppress(WerkError):
+            await worker.request("unload", {"path": str(handle.path)})
+        return
+    await worker.stop()
+    if _Shared.worker is worker:
+        _Shared.worker = None
+
+
+def _runner_argv(spec: ModelSpec) -> list[str]:
+    configured = spec.options.get("runner")
+    if configured is None:
+        return [str(locate().python), str(RUNNER_SCRIPT)]
+    if isinstance(configured, str):
+        argv = shlex.split(configured)
+    elif isinstance(configured, list) and all(isinstance(a, str) for a in configured):
+        argv = list(configured)
+    else:
+        argv = []
+    if not argv:
+        raise InvalidRequest(
+            f"model {spec.id!r}: option 'runner' must be a command line or a JSON list of arguments"
+        )
+    return argv
+
+
+async def start_runner(spec: ModelSpec) -> Runtime:
+    """``onnx-runner`` start: nothing runs yet; the runner's command is resolved and checked."""
+    timeout = spec.options.get("runner_timeout", DEFAULT_RUNNER_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise InvalidRequest(f"model {spec.id!r}: option 'runner_timeout' must be seconds > 0")
+    argv = _runner_argv(spec)
+    return Runtime(
+        backend=RUNNER,
+        model=spec,
+        generation="runner_" + secrets.token_hex(8),  # nothing runs: a name per start
+        handle=RunnerHandle(argv, _model_path(spec), float(timeout)),
+    )
+
+
+async def stop_runner(runtime: Runtime) -> None:
+    runtime.alive = False
+
+
+@hookimpl
+def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> None:
+    register(
+        BackendDescriptor(
+            name=GENAI,
+            formats=("onnx-genai",),
+            description="ONNX Runtime GenAI text generation in a companion worker",
+            start=start_genai,
+            stop=stop_genai,
+            routes=("chat.completions", "completions"),
+        )
+    )
+    register(
+        BackendDescriptor(
+            name=RUNNER,
+            formats=("onnx-genai",),
+            description="an external runner started per request (Werk's runner contract)",
+            start=start_runner,
+            stop=stop_runner,
+            routes=("chat.completions", "completions"),
+        )
+    )
+
+
+@hookimpl
+def werk_backend_environments() -> list[EnvironmentSpec]:
+    """``werk backends install onnx``: ONNX Runtime GenAI and its model builder."""
+    from .environment import environment_spec
+
+    return [environment_spec()]
+
+
+@hookimpl
+def werk_demo_models() -> list[DemoModel]:
+    """``werk models create-demo --kind onnx``."""
+    from .demos import DEMOS
+
+    return list(DEMOS)
+
+
+def _genai_residency(context: CapabilityContext) -> CapabilityReport:
+    worker = _Shared.worker
+    if worker is None or not worker.alive():
+        try:
+            found = locate()
+        except WerkError as exc:
+            return CapabilityReport(
+                id=CapabilityId.MODEL_RESIDENCY,
+                status=CapabilityStatus.UNAVAILABLE,
+                reason=exc.message,
+            )
+        return CapabilityReport(
+            id=CapabilityId.MODEL_RESIDENCY,
+            status=CapabilityStatus.SUPPORTED,
+            operations=["load"],
+            reason=f"no onnx-genai worker is running (its python from {found.source}); "
+            "loading a model or its first request starts one",
+        )
+    resident = [str(entry.get("path")) for entry in worker.resident]
+    where = ""
+    runtime = context.runtime
+    if runtime is not None and isinstance(runtime.handle, GenaiHandle):
+        loaded = str(runtime.handle.path) in resident
+        where = "this model is loaded; " if loaded else "this model is not loaded now; "
+    held = sum(int(entry.get("bytes") or 0) for entry in worker.resident)
+    return CapabilityReport(
+        id=CapabilityId.MODEL_RESIDENCY,
+        status=CapabilityStatus.SUPPORTED,
+        operations=["load", "unload"],
+        reason=f"{where}the onnx-genai worker (pid {worker.process.pid}) keeps {len(resident)} "
+        f"of at most {worker.capacity} model(s) (WERK_ONNX_GENAI_MODEL_CACHE_SIZE), {held} "
+        "bytes of ONNX files; each request gets a new generator",
+    )
+
+
+def _runner_residency(context: CapabilityContext) -> CapabilityReport:
+    custom = context.model is not None and "runner" in context.model.options
+    if not custom:
+        try:
+            locate()
+        except WerkError as exc:
+            return CapabilityReport(
+                id=CapabilityId.MODEL_RESIDENCY,
+                status=CapabilityStatus.UNAVAILABLE,
+                reason=f"the reference runner needs ONNX Runtime GenAI: {exc.message} (or give "
+                "the model a 'runner' option)",
+            )
+    return CapabilityReport(
+        id=CapabilityId.MODEL_RESIDENCY,
+        status=CapabilityStatus.UNSUPPORTED,
+        reason="the runner is started for each request and exits after it; it exposes no "
+        "validated residency protocol, so nothing stays loaded",
+    )
+
+
+@hookimpl
+def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
+    if context.backend == GENAI:
+        return [_genai_residency(context)]
+    if context.backend == RUNNER:
+        return [_runner_residency(context)]
+    return []
+
+
+def _limiter() -> anyio.CapacityLimiter:
+    if _Shared.limiter is None:
+        raw = os.environ.get(CONCURRENCY_ENV, "1")
+        if not raw.isdigit() or int(raw) < 1:
+            raise Unavailable(f"{CONCURRENCY_ENV}={raw!r} is not a whole number >= 1")
+        _Shared.limiter = anyio.CapacityLimiter(int(raw))
+    return _Shared.limiter
+
+
+@contextlib.asynccontextmanager
+async def _run(handle: RunnerHandle, args: dict[str, object]) -> AsyncIterator[RunnerStream]:
+    async with _limiter():  # runners wait their turn; none is refused
+        generation = run_generation(
+            handle.argv,
+            args | {"model": str(handle.path)},
+            kind=RUNNER,
+            runs_dir=werk_home() / "backends" / f"{RUNNER}-runs",
+            timeout=handle.timeout,
+        )
+        async with generation as stream:
+            yield stream
+
+
+@hookimpl
+async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
+    """Chat and text completions: through the worker (onnx-genai) or a runner (onnx-runner)."""
+    handle = runtime.handle
+    if isinstance(handle, GenaiHandle):
+        args = generation_args(call, GENAI) | {"path": str(handle.path)}
+        if not handle.worker.alive():
+            raise RuntimeEnded("the onnx-genai worker ended before this request reached it")
+        generation = handle.worker.streaming("execute", args)
+        return await generation_reply(call, runtime.model.id, generation)
+    if isinstance(handle, RunnerHandle):
+        args = generation_args(call, RUNNER)
+        return await generation_reply(call, runtime.model.id, _run(handle, args))
+    return None
