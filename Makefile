@@ -8,10 +8,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.werk-setup
 PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/werk-media \
-	plugins/werk-transformers plugins/werk-onnx
+	plugins/werk-transformers plugins/werk-onnx plugins/werk-mlx
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env browser demo serve test lint typecheck pytest screenshots clean
+.PHONY: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env browser demo serve test lint typecheck pytest screenshots clean
 
 # The test suite's managed backend environments (multi-gigabyte), cached across runs like the
 # llama-server build; `werk backends install` is a no-op with --if-needed once one is ready.
@@ -53,6 +53,10 @@ transformers-env: setup
 onnx-env: setup
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install onnx --if-needed
 
+# MLX (CPU build) and mlx-lm for the mlx backend's runner (and torch for its demo model).
+mlx-env: setup
+	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install mlx --if-needed
+
 # Debian's Chromium for the dashboard's browser tests (Playwright drives it through
 # executable_path). Installed when missing, as root; otherwise this says what to install.
 browser:
@@ -83,7 +87,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env browser
+pytest: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env browser
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/pytest
 
 # The dashboard screenshots in docs/images/, taken by its browser test.

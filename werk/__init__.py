@@ -123,7 +123,7 @@ if TYPE_CHECKING:
         WerkTimeout,
         storage_refusal,
     )
-    from .runner import RunnerStream, run_generation
+    from .runner import RunnerModel, RunnerStream, run_generation
     from .supervise import (
         ProcessExited,
         SupervisedProcess,
@@ -186,6 +186,7 @@ _HOME: dict[str, str] = {
     "GenerationEvents": ".generation_reply",
     "generation_reply": ".generation_reply",
     "generation_args": ".generation_request",
+    "RunnerModel": ".runner",
     "RunnerStream": ".runner",
     "run_generation": ".runner",
     "CompanionStream": ".companion",
@@ -329,6 +330,7 @@ __all__ = [
     "Reuse",
     "ReuseUnavailable",
     "RewrittenStream",
+    "RunnerModel",
     "RunnerStream",
     "Runtime",
     "RuntimeEnded",

@@ -18,9 +18,13 @@ request to its stdin and closes it, and reads its stdout. **The runner contract*
 * stderr: its log; the last :data:`STDERR_TAIL` characters go into the error when it fails.
 
 It is a :class:`werk.GenerationEvents`: ``{"text", "ids"}`` events, then ``result``, so
-:func:`werk.generation_reply` answers from it. Every way out kills the process group: the
-``timeout`` for the whole run (``WerkTimeout``), a caller that leaves early (a client gone), a
-malformed line or an exit without ``done`` (``BackendError`` with the status and stderr tail).
+:func:`werk.generation_reply` answers from it. :class:`RunnerModel` is what a runner backend
+keeps per model: the command (the model's ``runner`` option, or the backend's own runner), the
+model's path, the timeout (``runner_timeout``), and a per-backend bound on runners at once.
+
+Every way out kills the process group: the ``timeout`` for the whole run (``WerkTimeout``), a
+caller that leaves early (a client gone), a malformed line or an exit without ``done``
+(``BackendError`` with the status and stderr tail).
 """
 
 from __future__ import annotations
@@ -29,19 +33,23 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import subprocess
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, ClassVar, Self
 
 import anyio
 
+from .backends import ModelSpec
 from .companion import COMPANION_FRAMES_ENV, frames_dir
-from .protocol import BackendError, WerkTimeout
+from .config import werk_home
+from .protocol import BackendError, InvalidRequest, Unavailable, WerkTimeout
 from .supervise import SupervisedProcess, WorkDir
 
-__all__ = ["STDERR_TAIL", "RunnerStream", "run_generation"]
+__all__ = ["STDERR_TAIL", "RunnerModel", "RunnerStream", "run_generation"]
 
 STDERR_TAIL = 2000
 """How much of a failed runner's stderr its error carries (characters, the end)."""
@@ -174,3 +182,86 @@ def _feed(process: SupervisedProcess, request: bytes) -> None:
         stdin.flush()
     with contextlib.suppress(BrokenPipeError, OSError):
         stdin.close()
+
+
+DEFAULT_RUNNER_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class RunnerModel:
+    """A model served by a runner per request.
+
+    :ivar kind: the backend (names the runner in errors, and its run directories).
+    :ivar argv: the command: the model's ``runner`` option — a JSON list of arguments, or a
+        command line split the way a shell would (never run by one) — else the backend's.
+    :ivar path: the model's folder (the files' common directory), or its one file.
+    :ivar timeout: seconds for one run: the model's ``runner_timeout`` option (default 600).
+    :ivar concurrency_setting: the variable bounding this backend's runners at once (default
+        1; the other requests wait their turn, none is refused).
+    """
+
+    kind: str
+    argv: tuple[str, ...]
+    path: Path
+    timeout: float
+    concurrency_setting: str
+
+    _limiters: ClassVar[dict[str, anyio.CapacityLimiter]] = {}
+
+    @classmethod
+    def of(
+        cls,
+        spec: ModelSpec,
+        *,
+        kind: str,
+        default: Callable[[], Sequence[str]],
+        concurrency_setting: str,
+    ) -> RunnerModel:
+        """Read ``spec``'s options (``default()`` gives the backend's own command).
+
+        :raises werk.InvalidRequest: a ``runner`` or ``runner_timeout`` option that is not one.
+        """
+        timeout = spec.options.get("runner_timeout", DEFAULT_RUNNER_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise InvalidRequest(f"model {spec.id!r}: option 'runner_timeout' must be seconds > 0")
+        configured = spec.options.get("runner")
+        if configured is None:
+            argv = list(default())
+        elif isinstance(configured, str):
+            argv = shlex.split(configured)
+        elif isinstance(configured, list) and all(isinstance(a, str) for a in configured):
+            argv = list(configured)
+        else:
+            argv = []
+        if not argv:
+            raise InvalidRequest(
+                f"model {spec.id!r}: option 'runner' must be a command line or a JSON list of "
+                "arguments"
+            )
+        files = spec.files
+        path = files[0] if len(files) == 1 else Path(os.path.commonpath([str(f) for f in files]))
+        return cls(kind, tuple(argv), path, float(timeout), concurrency_setting)
+
+    def _limiter(self) -> anyio.CapacityLimiter:
+        limiter = self._limiters.get(self.kind)
+        if limiter is None:
+            raw = os.environ.get(self.concurrency_setting, "1")
+            if not raw.isdigit() or int(raw) < 1:
+                raise Unavailable(f"{self.concurrency_setting}={raw!r} is not a whole number >= 1")
+            limiter = self._limiters[self.kind] = anyio.CapacityLimiter(int(raw))
+        return limiter
+
+    @contextlib.asynccontextmanager
+    async def run(self, args: Mapping[str, Any]) -> AsyncIterator[RunnerStream]:
+        """One run for ``args`` (the model's path added as ``model``), after waiting for a
+        free place among this backend's runners."""
+        async with self._limiter():
+            generation = run_generation(
+                self.argv,
+                {**args, "model": str(self.path)},
+                kind=self.kind,
+                runs_dir=werk_home() / "backends" / f"{self.kind}-runs",
+                timeout=self.timeout,
+            )
+            async with generation as stream:
+                yield stream

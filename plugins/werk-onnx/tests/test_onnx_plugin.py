@@ -73,7 +73,7 @@ def test_a_custom_runner_needs_no_environment_and_keeps_nothing_resident() -> No
     assert row.status.value == "unsupported"
     assert "no validated residency protocol" in row.reason
     runtime = anyio.run(_plugin().start_runner, _spec(runner="/bin/my-runner --model 'a b'"))
-    assert runtime.handle.argv == ["/bin/my-runner", "--model", "a b"]
+    assert runtime.handle.argv == ("/bin/my-runner", "--model", "a b")
     assert runtime.handle.path == Path("/models/m") and runtime.handle.timeout == 600.0
     again = anyio.run(_plugin().start_runner, _spec(runner="/bin/my-runner --model 'a b'"))
     assert again.generation != runtime.generation

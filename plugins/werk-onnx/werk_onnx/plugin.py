@@ -7,7 +7,7 @@ state per request, one generation at a time. Its ``runtime.model_residency`` row
 ``supported`` while the worker lives (and before, with only ``load``, when the environment is
 found), ``unavailable`` without the environment.
 
-``onnx-runner`` starts a configured opaque runner for each request (``werk.run_generation``: the
+``onnx-runner`` starts a configured opaque runner for each request (``werk.RunnerModel``: the
 runner contract) — the model's ``runner`` option (a JSON list of arguments, or a command line
 split like a shell would, never run by one), else the bundled reference runner (``_runner.py``:
 ONNX Runtime GenAI in the onnx environment). Nothing stays resident: its
@@ -24,13 +24,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shlex
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import anyio
 
 from werk import (
     BackendDescriptor,
@@ -44,16 +41,13 @@ from werk import (
     ModelSpec,
     OpenAICall,
     OpenAIReply,
-    RunnerStream,
+    RunnerModel,
     Runtime,
     RuntimeEnded,
-    Unavailable,
     WerkError,
     generation_args,
     generation_reply,
     hookimpl,
-    run_generation,
-    werk_home,
 )
 
 from .environment import locate
@@ -64,7 +58,6 @@ if TYPE_CHECKING:
 GENAI, RUNNER = "onnx-genai", "onnx-runner"
 RUNNER_SCRIPT = Path(__file__).with_name("_runner.py")
 CONCURRENCY_ENV = "WERK_ONNX_RUNNER_CONCURRENCY"
-DEFAULT_RUNNER_TIMEOUT = 600.0
 
 
 @dataclass(eq=False)
@@ -76,19 +69,9 @@ class GenaiHandle:
     context_length: int
 
 
-@dataclass(eq=False)
-class RunnerHandle:
-    """An onnx-runner model's runtime: the argv started per request and the model's path."""
-
-    argv: list[str]
-    path: Path
-    timeout: float
-
-
 class _Shared:
     worker: OnnxWorker | None = None
     runtimes: list[Runtime] = []
-    limiter: anyio.CapacityLimiter | None = None
 
 
 def _model_path(spec: ModelSpec) -> Path:
@@ -154,34 +137,20 @@ async def stop_genai(runtime: Runtime) -> None:
         _Shared.worker = None
 
 
-def _runner_argv(spec: ModelSpec) -> list[str]:
-    configured = spec.options.get("runner")
-    if configured is None:
-        return [str(locate().python), str(RUNNER_SCRIPT)]
-    if isinstance(configured, str):
-        argv = shlex.split(configured)
-    elif isinstance(configured, list) and all(isinstance(a, str) for a in configured):
-        argv = list(configured)
-    else:
-        argv = []
-    if not argv:
-        raise InvalidRequest(
-            f"model {spec.id!r}: option 'runner' must be a command line or a JSON list of arguments"
-        )
-    return argv
+def _reference_runner() -> list[str]:
+    return [str(locate().python), str(RUNNER_SCRIPT)]
 
 
 async def start_runner(spec: ModelSpec) -> Runtime:
-    """``onnx-runner`` start: nothing runs yet; the runner's command is resolved and checked."""
-    timeout = spec.options.get("runner_timeout", DEFAULT_RUNNER_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise InvalidRequest(f"model {spec.id!r}: option 'runner_timeout' must be seconds > 0")
-    argv = _runner_argv(spec)
+    """``onnx-runner`` start: nothing runs yet; the runner's command and options are checked."""
+    model = RunnerModel.of(
+        spec, kind=RUNNER, default=_reference_runner, concurrency_setting=CONCURRENCY_ENV
+    )
     return Runtime(
         backend=RUNNER,
         model=spec,
         generation="runner_" + secrets.token_hex(8),  # nothing runs: a name per start
-        handle=RunnerHandle(argv, _model_path(spec), float(timeout)),
+        handle=model,
     )
 
 
@@ -293,29 +262,6 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     return []
 
 
-def _limiter() -> anyio.CapacityLimiter:
-    if _Shared.limiter is None:
-        raw = os.environ.get(CONCURRENCY_ENV, "1")
-        if not raw.isdigit() or int(raw) < 1:
-            raise Unavailable(f"{CONCURRENCY_ENV}={raw!r} is not a whole number >= 1")
-        _Shared.limiter = anyio.CapacityLimiter(int(raw))
-    return _Shared.limiter
-
-
-@contextlib.asynccontextmanager
-async def _run(handle: RunnerHandle, args: dict[str, object]) -> AsyncIterator[RunnerStream]:
-    async with _limiter():  # runners wait their turn; none is refused
-        generation = run_generation(
-            handle.argv,
-            args | {"model": str(handle.path)},
-            kind=RUNNER,
-            runs_dir=werk_home() / "backends" / f"{RUNNER}-runs",
-            timeout=handle.timeout,
-        )
-        async with generation as stream:
-            yield stream
-
-
 @hookimpl
 async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
     """Chat and text completions: through the worker (onnx-genai) or a runner (onnx-runner)."""
@@ -326,7 +272,7 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
             raise RuntimeEnded("the onnx-genai worker ended before this request reached it")
         generation = handle.worker.streaming("execute", args)
         return await generation_reply(call, runtime.model.id, generation)
-    if isinstance(handle, RunnerHandle):
+    if isinstance(handle, RunnerModel):
         args = generation_args(call, RUNNER)
-        return await generation_reply(call, runtime.model.id, _run(handle, args))
+        return await generation_reply(call, runtime.model.id, handle.run(args))
     return None

@@ -1,0 +1,1 @@
+"""Werk backend plugin ``werk-mlx``: backend ``mlx`` (see :mod:`werk_mlx.plugin`)."""
