@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     )
     from .cache.entry import CacheEntry
     from .companion import CompanionStream, CompanionWorker, WorkerGone
-    from .config import werk_home
+    from .companion_backend import CompanionBackend
+    from .config import werk_home, whole_number_setting
     from .demos import (
         DemoModel,
         DemoRequest,
@@ -59,9 +60,11 @@ if TYPE_CHECKING:
         EnvironmentSpec,
         EnvironmentState,
         EnvironmentStatus,
+        FoundPython,
         InstallStep,
         ManagedEnvironment,
         configured_python,
+        locate_python,
     )
     from .generation_reply import GenerationEvents, generation_reply
     from .generation_request import generation_args
@@ -179,6 +182,7 @@ _HOME: dict[str, str] = {
     "TurnOutcome": ".backends",
     "CacheEntry": ".cache.entry",
     "werk_home": ".config",
+    "whole_number_setting": ".config",
     "DemoModel": ".demos",
     "DemoRequest": ".demos",
     "tiny_llama_script": ".demos",
@@ -189,11 +193,14 @@ _HOME: dict[str, str] = {
     "RunnerModel": ".runner",
     "RunnerStream": ".runner",
     "run_generation": ".runner",
+    "CompanionBackend": ".companion_backend",
     "CompanionStream": ".companion",
     "CompanionWorker": ".companion",
     "WorkerGone": ".companion",
     "EnvironmentState": ".environments",
     "EnvironmentStatus": ".environments",
+    "FoundPython": ".environments",
+    "locate_python": ".environments",
     "InstallStep": ".environments",
     "ManagedEnvironment": ".environments",
     "configured_python": ".environments",
@@ -272,6 +279,7 @@ __all__ = [
     "CapabilityReport",
     "CapabilityStatus",
     "ChatMessage",
+    "CompanionBackend",
     "CompanionStream",
     "CompanionWorker",
     "Conflict",
@@ -290,6 +298,7 @@ __all__ = [
     "ExpertReport",
     "ExpertTier",
     "FinishReason",
+    "FoundPython",
     "GenerationEvents",
     "IncompatibleState",
     "InstallStep",
@@ -363,6 +372,7 @@ __all__ = [
     "hookspec",
     "host_budget",
     "listens_on",
+    "locate_python",
     "openai_upstream",
     "prepare_pages_async",
     "probe_state_hooks",
@@ -374,6 +384,7 @@ __all__ = [
     "tiny_llama_script",
     "wait_until_ready",
     "werk_home",
+    "whole_number_setting",
     "write_all",
 ]
 

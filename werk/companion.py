@@ -112,6 +112,9 @@ class CompanionWorker:
         directory.
     :ivar generation: ``g_`` + 16 hex digits, unique per worker process.
     :ivar health: the ``health`` result it started with.
+    :ivar versions: its libraries' versions (``health``'s ``versions``).
+    :ivar capabilities: its ``capabilities`` answer (after :meth:`handshake`).
+    :ivar capacity: the entries its LRU keeps (``capabilities``' ``cache_size``).
     :ivar resident: the last ``resident`` list a result carried.
     """
 
@@ -130,6 +133,9 @@ class CompanionWorker:
         self.workdir = workdir
         self.generation = generation
         self.health: dict[str, Any] = {}
+        self.versions: dict[str, str] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.capacity = 0
         self.resident: list[dict[str, Any]] = []
         self._max_waiting = max_waiting
         self._waiting_setting = waiting_setting
@@ -181,7 +187,25 @@ class CompanionWorker:
         process.on_exit(lambda code: worker._mark_ended())
         process.watch()
         worker.health = await worker.request("health", {}, timeout=start_timeout)
+        worker.versions = {str(k): str(v) for k, v in (worker.health.get("versions") or {}).items()}
         return worker
+
+    async def handshake(self) -> Self:
+        """Ask the worker's ``capabilities`` (:attr:`capabilities`, :attr:`capacity`); a worker
+        that does not answer is stopped and the error raised."""
+        try:
+            self.capabilities = await self.request("capabilities", {})
+        except BaseException:
+            await self.stop()
+            raise
+        self.capacity = int(self.capabilities.get("cache_size") or 0)
+        log.info(
+            "%s worker %s ready (%s)",
+            self.kind,
+            self.process.pid,
+            ", ".join(f"{k} {v}" for k, v in self.versions.items()),
+        )
+        return self
 
     def alive(self) -> bool:
         return not self._ended and self.process.poll() is None

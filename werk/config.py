@@ -7,7 +7,7 @@ from pathlib import Path
 
 import platformdirs
 
-__all__ = ["werk_home"]
+__all__ = ["werk_home", "whole_number_setting"]
 
 HOME_ENV = "WERK_HOME"
 
@@ -36,3 +36,22 @@ def backends_dir(home: Path | None = None, environ: dict[str, str] | None = None
     if explicit:
         return Path(explicit).expanduser().absolute()
     return (home if home is not None else werk_home(environ)) / "backends"
+
+
+def whole_number_setting(name: str, default: int, minimum: int = 0) -> int:
+    """The environment variable ``name`` as a whole number >= ``minimum`` (``default`` when
+    unset or empty), for a plugin's settings (``WERK_MEDIA_PIPELINE_CACHE_SIZE``…).
+
+    :raises werk.Unavailable: (``runtime.model_residency``, not retryable) it is not one; the
+        message names the variable and its value.
+    """
+    from .protocol import CapabilityId, Unavailable
+
+    raw = os.environ.get(name) or str(default)
+    if not raw.isdigit() or int(raw) < minimum:
+        raise Unavailable(
+            f"{name}={raw!r} is not a whole number >= {minimum}",
+            capability=CapabilityId.MODEL_RESIDENCY,
+            retryable=False,
+        )
+    return int(raw)

@@ -28,6 +28,7 @@ import contextlib
 import enum
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -42,16 +43,18 @@ from typing import TextIO
 import msgspec
 
 from ._fs import replace_private_file
-from .config import backends_dir
+from .config import backends_dir, werk_home
 from .protocol import CapabilityId, Conflict, InvalidRequest, Unavailable
 
 __all__ = [
     "EnvironmentSpec",
     "EnvironmentState",
     "EnvironmentStatus",
+    "FoundPython",
     "InstallStep",
     "ManagedEnvironment",
     "configured_python",
+    "locate_python",
 ]
 
 RECORD_SCHEMA = 1
@@ -446,3 +449,53 @@ def configured_python(variable: str) -> Path | None:
             retryable=False,
         )
     return path
+
+
+class FoundPython(msgspec.Struct, frozen=True):
+    """An interpreter a backend's worker or runner runs in, and where it came from.
+
+    :ivar python: its path.
+    :ivar source: where it came from, for reasons and logs (``WERK_MEDIA_PYTHON``, "the managed
+        media environment", "Werk's own environment").
+    """
+
+    python: Path
+    source: str
+
+
+def locate_python(
+    spec: EnvironmentSpec,
+    *,
+    setting: str,
+    missing: str,
+    own: Sequence[str] = (),
+    own_first: bool = True,
+    hint: str = "",
+) -> FoundPython:
+    """The interpreter for ``spec``'s worker: the one ``setting`` names (it always wins), then
+    Werk's own when every module in ``own`` is found there, and the managed environment
+    ``werk backends install NAME`` built — the managed one first when ``own_first`` is false
+    (Werk's own environment lacks something only the managed one has).
+
+    :param missing: what is missing, for the error (``"torch and Transformers are not
+        installed"``); the install command is added, then ``hint`` (another way to get it).
+    :raises werk.Unavailable: (``runtime.model_residency``, not retryable) none is found, or
+        ``setting`` names no executable.
+    """
+    configured = configured_python(setting)
+    if configured is not None:
+        return FoundPython(configured, setting)
+    here = bool(own) and all(importlib.util.find_spec(name) is not None for name in own)
+    own_python = FoundPython(Path(sys.executable), "Werk's own environment") if here else None
+    if own_first and own_python is not None:
+        return own_python
+    managed = ManagedEnvironment(werk_home(), spec.name).ready_python(spec)
+    if managed is not None:
+        return FoundPython(managed, f"the managed {spec.name} environment")
+    if own_python is not None:
+        return own_python
+    raise Unavailable(
+        f"{missing}; run `werk backends install {spec.name}`{hint}",
+        capability=CapabilityId.MODEL_RESIDENCY,
+        retryable=False,
+    )

@@ -25,7 +25,8 @@ away): the generator is closed at its next yield (``GeneratorExit`` there: stop 
 :class:`LoadedLRU` keeps what the worker loaded between requests (a bounded LRU whose
 entries report their bytes to the host through ``resident``). :class:`GeneratedText` turns
 generated token ids into the ``{"text", "ids"}`` events a text generation streams (the host's
-:func:`werk.generation_reply` reads them); a per-request runner can use it too.
+:func:`werk.generation_reply` reads them); a per-request runner can use it too, and
+:func:`run_once` speaks the runner contract (:mod:`werk.runner`) for a Python runner.
 
 Error kinds: ``invalid`` (the request was at fault), ``unsupported``, ``version`` (a frame of
 another transport version), ``failed`` (anything else the handler raised; its repr goes to the
@@ -43,12 +44,21 @@ import os
 import select
 import sys
 import types
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Container, Generator, Iterable, Iterator
 from typing import Any
 
-__all__ = ["TRANSPORT_VERSION", "GeneratedText", "LoadedLRU", "RequestError", "serve"]
+__all__ = [
+    "TRANSPORT_VERSION",
+    "GeneratedText",
+    "LoadedLRU",
+    "RequestError",
+    "has_chat_template",
+    "run_once",
+    "serve",
+]
 
 TRANSPORT_VERSION = 1
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 class RequestError(Exception):
@@ -124,7 +134,8 @@ class GeneratedText:
     :meth:`add` returns the next event (``{"text": DELTA, "ids": NEW_TOKEN_IDS}``) or ``None``
     while nothing can be sent yet: text that could still become a stop string, or a partial
     UTF-8 sequence (``\ufffd`` at the end), is held back. :attr:`stopped` says a stop string was
-    reached (the text is cut before it); :meth:`rest` is the final event, if any.
+    reached (the text is cut before it); :meth:`rest` is the final event, if any. :meth:`follow`
+    does all of it for a generation's token iterator.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], stops: list[str]) -> None:
@@ -134,6 +145,7 @@ class GeneratedText:
         self.ids: list[int] = []
         self.text = ""
         self.stopped = False
+        self.finish = "length"
         self._sent = 0
         self._emitted = 0
 
@@ -159,6 +171,28 @@ class GeneratedText:
         if len(self.text) > self._sent or len(self.ids) > self._emitted:
             return self._event(len(self.text))
         return None
+
+    def follow(
+        self, tokens: Iterable[int], eos: Container[int], budget: int
+    ) -> Iterator[dict[str, Any]]:
+        """The events of a generation's ``tokens`` until an end-of-sequence token, a stop
+        string or ``budget`` tokens; then :attr:`finish` is ``"stop"`` or ``"length"``."""
+        self.finish = "length"
+        for token in tokens:
+            if token in eos:
+                self.finish = "stop"
+                break
+            event = self.add(token)
+            if event is not None:
+                yield event
+            if self.stopped:
+                self.finish = "stop"
+                break
+            if len(self.ids) >= budget:
+                break
+        rest = self.rest()
+        if rest is not None:
+            yield rest
 
 
 def _protocol_stream() -> io.TextIOWrapper:
@@ -272,3 +306,46 @@ def serve(
             print(f"request {request_id} failed: {exc!r}", file=sys.stderr, flush=True)
             reply = _failure(request_id, "failed", f"{type(exc).__name__}: {exc}")
         _write(frames, reply)
+
+
+def has_chat_template(folder: str) -> bool:
+    """Whether a model folder's tokenizer has a chat template (``chat_template.jinja``,
+    ``chat_template.json`` or ``tokenizer_config.json``'s ``chat_template``)."""
+    if any(os.path.isfile(os.path.join(folder, name)) for name in CHAT_TEMPLATE_FILES):
+        return True
+    try:
+        with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
+def run_once(generate: Callable[[dict[str, Any]], Generator[dict[str, Any], None, Any]]) -> None:
+    """A Python runner's whole life (the runner contract of :mod:`werk.runner`): read one JSON
+    request from stdin, stream ``generate(request)``'s events as ``delta`` lines, then its
+    result as the ``done`` line — or, for a result ``{"refused": TEXT}``, an ``invalid`` error
+    (exit 2); an exception is an ``error`` line (its traceback goes to stderr, exit 1). What
+    the libraries print goes to stderr, never into the protocol."""
+    frames = _protocol_stream()
+    try:
+        request = json.loads(sys.stdin.readline())
+        events = generate(request)
+        while True:
+            try:
+                event = next(events)
+            except StopIteration as stop:
+                result = dict(stop.value or {})
+                break
+            _write(frames, {"delta": event["text"], "ids": event.get("ids", [])})
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        _write(frames, {"error": f"{type(exc).__name__}: {exc}"})
+        sys.exit(1)
+    if "refused" in result:
+        _write(frames, {"error": str(result["refused"]), "kind": "invalid"})
+        sys.exit(2)
+    _write(frames, {"done": True, **result})
+    sys.exit(0)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from ..supervise import free_port
 
@@ -79,6 +80,34 @@ class WerkServer:
     def log(self) -> str:
         """Everything the server wrote to stdout and stderr so far."""
         return self.log_path.read_text(errors="replace")
+
+    def capability(self, model: str, backend: str, row: str, key: str | None = None) -> Any:
+        """``backend``'s capability row ``row`` for ``model`` (``GET /werk/v1/capabilities``)."""
+        with self.client(key) as http:
+            answer = http.get("/werk/v1/capabilities", params={"model": model})
+        answer.raise_for_status()
+        rows = answer.json()["capabilities"]
+        return next(r for r in rows if r["backend"] == backend and r["id"] == row)
+
+    def children(self, script: str, kind: str) -> list[psutil.Process]:
+        """The live processes running ``script`` (a path suffix: ``werk_onnx/_worker.py``) that
+        this server started for backend ``kind``: their working directory is under
+        ``home/backends/<kind>-runs`` (a companion worker's or a runner's run directory)."""
+        runs = str(self.home / "backends" / f"{kind}-runs")
+        found = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            try:
+                cmdline = proc.info["cmdline"] or []
+                if (
+                    len(cmdline) >= 2
+                    and cmdline[1].endswith(script)
+                    and proc.info["status"] != psutil.STATUS_ZOMBIE
+                    and proc.cwd().startswith(runs)
+                ):
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         """Send ``sig``, wait up to ``timeout`` seconds (then SIGKILL); the exit status."""

@@ -19,20 +19,7 @@ unsupported; the 12 Hz path does not need it).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-import msgspec
-
-from werk import (
-    CapabilityId,
-    EnvironmentSpec,
-    ManagedEnvironment,
-    Unavailable,
-    configured_python,
-    werk_home,
-)
+from werk import EnvironmentSpec, FoundPython, locate_python
 
 __all__ = [
     "INSTALL_HINT",
@@ -42,7 +29,6 @@ __all__ = [
     "environment_spec",
     "locate",
     "locate_qwen",
-    "managed_python",
     "qwen_environment_spec",
 ]
 
@@ -77,11 +63,8 @@ QWEN_REQUIREMENTS = (
 QWEN_PACKAGE = "qwen-tts==0.1.1"
 
 
-class MediaPython(msgspec.Struct, frozen=True):
-    """An interpreter with the media libraries, and where it came from."""
-
-    python: Path
-    source: str
+MediaPython = FoundPython
+"""An interpreter with the media libraries, and where it came from."""
 
 
 def environment_spec() -> EnvironmentSpec:
@@ -107,39 +90,17 @@ def qwen_environment_spec() -> EnvironmentSpec:
 
 def locate_qwen() -> MediaPython:
     """The Qwen3-TTS python: ``WERK_QWEN_TTS_PYTHON``, else the managed environment."""
-    configured = configured_python(QWEN_PYTHON_ENV)
-    if configured is not None:
-        return MediaPython(configured, QWEN_PYTHON_ENV)
-    managed = ManagedEnvironment(werk_home(), QWEN_NAME).ready_python(qwen_environment_spec())
-    if managed is not None:
-        return MediaPython(managed, "the managed qwen-tts environment")
-    raise Unavailable(
-        f"qwen-tts is not installed; {QWEN_INSTALL_HINT}",
-        capability=CapabilityId.MODEL_RESIDENCY,
-        retryable=False,
+    return locate_python(
+        qwen_environment_spec(), setting=QWEN_PYTHON_ENV, missing="qwen-tts is not installed"
     )
-
-
-def managed_python() -> Path | None:
-    return ManagedEnvironment(werk_home(), NAME).ready_python(environment_spec())
-
-
-def _libraries_here() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in LIBRARIES)
 
 
 def locate() -> MediaPython:
     """The media python, in the documented order; ``Unavailable`` naming the install command."""
-    configured = configured_python(PYTHON_ENV)
-    if configured is not None:
-        return MediaPython(configured, PYTHON_ENV)
-    if _libraries_here():
-        return MediaPython(Path(sys.executable), "Werk's own environment (werk-media[diffusers])")
-    managed = managed_python()
-    if managed is not None:
-        return MediaPython(managed, "the managed environment")
-    raise Unavailable(
-        f"the media libraries (torch, Diffusers, Transformers) are not installed; {INSTALL_HINT}",
-        capability=CapabilityId.MODEL_RESIDENCY,
-        retryable=False,
+    return locate_python(
+        environment_spec(),
+        setting=PYTHON_ENV,
+        missing="the media libraries (torch, Diffusers, Transformers) are not installed",
+        own=LIBRARIES,
+        hint=" (or `pip install werk-media[diffusers]`)",
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING
 from werk import (
     BackendDescriptor,
     CapabilityContext,
-    CapabilityId,
     CapabilityReport,
-    CapabilityStatus,
+    CompanionBackend,
     DemoModel,
     EnvironmentSpec,
     InvalidRequest,
@@ -41,7 +40,6 @@ from werk import (
     OpenAIReply,
     Runtime,
     RuntimeEnded,
-    WerkError,
     hookimpl,
 )
 
@@ -65,11 +63,38 @@ class MediaHandle:
     task: str
 
 
-class _Shared:
-    """The workers of this Werk process (one per backend) and the runtimes that use them."""
+def _start_worker(kind: str) -> Callable[[], Awaitable[MediaWorker]]:
+    async def start() -> MediaWorker:
+        from .worker import MediaWorker
 
-    workers: dict[str, MediaWorker] = {}
-    runtimes: list[Runtime] = []
+        return await MediaWorker.start(LOCATORS[kind](), kind)
+
+    return start
+
+
+def _locator(kind: str) -> Callable[[], MediaPython]:
+    return lambda: LOCATORS[kind]()  # read at call time (tests replace LOCATORS)
+
+
+def _cloning_note(worker: MediaWorker) -> str:
+    cloning = worker.features.get("qwen_voice_cloning")
+    if worker.kind != QWEN_BACKEND or not cloning:
+        return ""
+    return f"; voice cloning {cloning.get('status')}: {cloning.get('reason')}"
+
+
+SHARED: dict[str, CompanionBackend[MediaWorker]] = {
+    kind: CompanionBackend(
+        kind,
+        _start_worker(kind),
+        _locator(kind),
+        entry="pipeline",
+        capacity_setting="WERK_MEDIA_PIPELINE_CACHE_SIZE",
+        note=_cloning_note,
+    )
+    for kind in (BACKEND, QWEN_BACKEND)
+}
+"""Per backend, its worker of this Werk process and the runtimes that use it."""
 
 
 def _pipeline_dir(spec: ModelSpec) -> Path:
@@ -87,31 +112,12 @@ def _pipeline_dir(spec: ModelSpec) -> Path:
     )
 
 
-async def _worker(kind: str) -> MediaWorker:
-    from .worker import MediaWorker
-
-    worker = _Shared.workers.get(kind)
-    if worker is not None and worker.alive():
-        return worker
-    if worker is not None:  # it died between requests: reap it, release its directory
-        await worker.stop()
-    worker = await MediaWorker.start(LOCATORS[kind](), kind)
-    _Shared.workers[kind] = worker
-
-    def ended() -> None:
-        for runtime in list(_Shared.runtimes):
-            if isinstance(runtime.handle, MediaHandle) and runtime.handle.worker is worker:
-                runtime.alive = False
-
-    worker.on_end(ended)
-    return worker
-
-
 async def start_runtime(spec: ModelSpec) -> Runtime:
     """``BackendDescriptor.start``: the backend's worker (started if needed) probes the
     model; a Qwen3-TTS model belongs to backend qwen-tts, every other one to media."""
     path = _pipeline_dir(spec)
-    worker = await _worker(spec.backend)
+    shared = SHARED[spec.backend]
+    worker = await shared.running()
     probe = await worker.request("probe-model", {"path": str(path)})
     is_qwen = probe.get("pipeline") == QWEN_ARCHITECTURE
     if is_qwen != (spec.backend == QWEN_BACKEND):
@@ -126,30 +132,14 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
         generation=worker.generation,
         handle=MediaHandle(worker=worker, path=path, task=str(probe["task"])),
     )
-    _Shared.runtimes.append(runtime)
-    return runtime
+    return shared.attach(runtime)
 
 
 async def stop_runtime(runtime: Runtime) -> None:
     """``BackendDescriptor.stop``: drop the model's pipeline; the last runtime ends the worker."""
-    runtime.alive = False
-    _Shared.runtimes = [r for r in _Shared.runtimes if r is not runtime]
     handle = runtime.handle
-    if not isinstance(handle, MediaHandle):
-        return
-    worker = handle.worker
-    users = [r for r in _Shared.runtimes if getattr(r.handle, "worker", None) is worker]
-    if not worker.alive():
-        return
-    if users:
-        try:
-            await worker.request("unload", {"path": str(handle.path)})
-        except WerkError:
-            return  # the worker ended; its runtimes are marked dead
-    else:
-        await worker.stop()
-        if _Shared.workers.get(worker.kind) is worker:
-            del _Shared.workers[worker.kind]
+    path = str(handle.path) if isinstance(handle, MediaHandle) else ""
+    await SHARED[runtime.backend].detach(runtime, {"path": path})
 
 
 @hookimpl
@@ -199,58 +189,12 @@ def werk_demo_models() -> list[DemoModel]:
     return list(DEMOS)
 
 
-def _residency(context: CapabilityContext) -> CapabilityReport:
-    kind = context.backend
-    worker = _Shared.workers.get(kind)
-    if worker is None or not worker.alive():
-        try:
-            found = LOCATORS[kind]()
-        except WerkError as exc:
-            return CapabilityReport(
-                id=CapabilityId.MODEL_RESIDENCY,
-                status=CapabilityStatus.UNAVAILABLE,
-                reason=exc.message,
-            )
-        return CapabilityReport(
-            id=CapabilityId.MODEL_RESIDENCY,
-            status=CapabilityStatus.SUPPORTED,
-            operations=["load"],
-            reason=f"no {kind} worker is running (its python from {found.source}); loading a "
-            f"model (POST /werk/v1/models/ID/load) or the first {kind} request starts one",
-        )
-    resident = [str(entry.get("path")) for entry in worker.resident]
-    runtime = context.runtime
-    where = ""
-    if runtime is not None and isinstance(runtime.handle, MediaHandle):
-        loaded = str(runtime.handle.path) in resident
-        where = "its pipeline is resident; " if loaded else "its pipeline is not loaded now; "
-    return CapabilityReport(
-        id=CapabilityId.MODEL_RESIDENCY,
-        status=CapabilityStatus.SUPPORTED,
-        operations=["load", "unload"],
-        reason=f"{where}the {kind} worker (pid {worker.process.pid}) keeps "
-        f"{len(resident)} of at most {worker.capacity} pipeline(s) "
-        f"(WERK_MEDIA_PIPELINE_CACHE_SIZE), {_resident_bytes(worker)} bytes of parameters and "
-        f"buffers{_cloning_note(worker)}",
-    )
-
-
-def _resident_bytes(worker: MediaWorker) -> int:
-    return sum(int(entry.get("bytes") or 0) for entry in worker.resident)
-
-
-def _cloning_note(worker: MediaWorker) -> str:
-    cloning = worker.features.get("qwen_voice_cloning")
-    if worker.kind != QWEN_BACKEND or not cloning:
-        return ""
-    return f"; voice cloning {cloning.get('status')}: {cloning.get('reason')}"
-
-
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
-    if context.backend not in LOCATORS:
+    if context.backend not in SHARED:
         return []
-    return [_residency(context)]
+    loaded = lambda runtime: str(getattr(runtime.handle, "path", ""))  # noqa: E731
+    return [SHARED[context.backend].residency(context, loaded)]
 
 
 ROUTE_TASKS = {

@@ -10,17 +10,14 @@ host's (:class:`werk.CompanionWorker`); this module adds what the media worker a
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
-from werk import CapabilityId, CompanionWorker, Unavailable, WorkerGone, werk_home
+from werk import CompanionWorker, WorkerGone, werk_home, whole_number_setting
 
 from .environment import MediaPython
 
 __all__ = ["MediaWorker", "WorkerGone"]
-
-log = logging.getLogger("werk.media")
 
 WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 CACHE_SIZE_ENV = "WERK_MEDIA_PIPELINE_CACHE_SIZE"
@@ -30,40 +27,24 @@ DEFAULT_MAX_WAITING = 8
 START_TIMEOUT_SECONDS = 180.0
 
 
-def _whole_number(name: str, default: int) -> int:
-    """The environment variable ``name`` as a whole number >= 0 (``default`` when unset)."""
-    raw = os.environ.get(name, str(default))
-    if not raw.isdigit():
-        raise Unavailable(
-            f"{name}={raw!r} is not a whole number >= 0",
-            capability=CapabilityId.MODEL_RESIDENCY,
-            retryable=False,
-        )
-    return int(raw)
-
-
 def cache_size() -> int:
     """Pipelines each worker keeps (:data:`CACHE_SIZE_ENV`, default 1)."""
-    return _whole_number(CACHE_SIZE_ENV, 1)
+    return whole_number_setting(CACHE_SIZE_ENV, 1)
 
 
 def max_waiting() -> int:
     """How many requests may wait for a busy worker (:data:`MAX_WAITING_ENV`, default 8)."""
-    return _whole_number(MAX_WAITING_ENV, DEFAULT_MAX_WAITING)
+    return whole_number_setting(MAX_WAITING_ENV, DEFAULT_MAX_WAITING)
 
 
 class MediaWorker(CompanionWorker):
     """A running media companion worker.
 
     :ivar found: the Python it runs in (and where that came from).
-    :ivar versions: its libraries' versions (from ``health``).
-    :ivar capacity: the pipelines its LRU keeps.
     :ivar features: what its environment can do beyond the tasks (``capabilities``).
     """
 
     found: MediaPython
-    versions: dict[str, str]
-    capacity: int
     features: dict[str, dict[str, str]]
 
     @classmethod
@@ -73,7 +54,7 @@ class MediaWorker(CompanionWorker):
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
         env[CACHE_SIZE_ENV] = str(cache_size())
         worker = await cls.spawn(
-            [found.python, str(WORKER_SCRIPT)],
+            [str(found.python), str(WORKER_SCRIPT)],
             kind=kind,
             runs_dir=werk_home() / "backends" / f"{kind}-runs",
             env=env,
@@ -82,19 +63,6 @@ class MediaWorker(CompanionWorker):
             waiting_setting=MAX_WAITING_ENV,
         )
         worker.found = found
-        worker.versions = dict(worker.health.get("versions") or {})
-        try:
-            capabilities = await worker.request("capabilities", {})
-        except BaseException:
-            await worker.stop()
-            raise
-        worker.capacity = int(capabilities["cache_size"])
-        worker.features = dict(capabilities.get("features") or {})
-        log.info(
-            "%s worker %s ready (%s, from %s)",
-            kind,
-            worker.process.pid,
-            ", ".join(f"{k} {v}" for k, v in worker.versions.items()),
-            found.source,
-        )
+        await worker.handshake()
+        worker.features = dict(worker.capabilities.get("features") or {})
         return worker

@@ -65,22 +65,8 @@ def _chat(server: WerkServer, **fields: Any) -> httpx.Response:
         return http.post("/v1/chat/completions", json=body)
 
 
-def _runners(home: Path) -> list[psutil.Process]:
-    runs = str(home / "backends" / "mlx-runs")
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmdline = proc.info["cmdline"] or []
-            if (
-                len(cmdline) >= 2
-                and cmdline[1].endswith("werk_mlx/_runner.py")
-                and proc.info["status"] != psutil.STATUS_ZOMBIE
-                and proc.cwd().startswith(runs)
-            ):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+def _runners(server: WerkServer) -> list[psutil.Process]:
+    return server.children("werk_mlx/_runner.py", "mlx")
 
 
 def test_a_chat_streamed_and_not_from_a_runner_per_request(served: WerkServer) -> None:
@@ -93,10 +79,8 @@ def test_a_chat_streamed_and_not_from_a_runner_per_request(served: WerkServer) -
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(line) for line in lines[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == text
-    assert _runners(served.home) == []  # each runner exited with its request
-    with served.client(KEY) as http:
-        rows = http.get("/werk/v1/capabilities", params={"model": MODEL}).json()["capabilities"]
-    (row,) = [r for r in rows if r["backend"] == "mlx" and r["id"] == "runtime.model_residency"]
+    assert _runners(served) == []  # each runner exited with its request
+    row = served.capability(MODEL, "mlx", "runtime.model_residency", KEY)
     assert row["status"] == "unsupported" and "nothing stays loaded" in row["reason"]
 
 
@@ -116,7 +100,7 @@ def test_a_runner_killed_mid_generation_fails_and_the_next_request_works(
     ):
         lines = response.iter_lines()
         assert [next(lines) for _ in range(4)]
-        (runner,) = _runners(served.home)
+        (runner,) = _runners(served)
         runner.send_signal(signal.SIGKILL)
         rest = list(lines)
     assert any("the mlx runner exited without a result" in line for line in rest), rest[-3:]
@@ -132,9 +116,9 @@ def test_a_client_that_leaves_ends_its_runner(served: WerkServer) -> None:
     ):
         lines = response.iter_lines()
         assert [next(lines) for _ in range(4)]
-        (runner,) = _runners(served.home)
+        (runner,) = _runners(served)
     runner.wait(timeout=30)  # the client went: Werk kills the runner's process group
-    assert _runners(served.home) == []
+    assert _runners(served) == []
 
 
 def test_the_conformance_kit_passes_from_a_shell(mlx_home: Path) -> None:

@@ -5,8 +5,9 @@ stdin: one JSON object — the model folder in ``model`` (a Hugging Face or MLX 
 ``mlx_lm.load`` reads) and the generation arguments (``messages`` or ``prompt``,
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``return_token_ids``). stdout:
 ``{"delta": TEXT, "ids": [...]}`` lines, then ``{"done": true, ...}``; or
-``{"error": TEXT[, "kind": "invalid"]}`` and exit status 1 (2 for ``invalid``). The model is
-loaded for this request and gone with the process: nothing is resident.
+``{"error": TEXT[, "kind": "invalid"]}`` and exit status 1 (2 for ``invalid``) —
+``werk_companion_frames.run_once`` speaks that part. The model is loaded for this request and
+gone with the process: nothing is resident.
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
-from werk_companion_frames import GeneratedText
-
-
-def _emit(line: dict[str, Any]) -> None:
-    sys.__stdout__.write(json.dumps(line) + "\n")
-    sys.__stdout__.flush()
+from werk_companion_frames import GeneratedText, run_once
 
 
 def _context(folder: Path) -> int:
@@ -37,9 +34,8 @@ def _context(folder: Path) -> int:
     return 2048
 
 
-def main() -> int:
-    request = json.loads(sys.stdin.readline())
-    sys.stdout = sys.stderr  # whatever the libraries print goes to the log
+def generate(request: dict[str, Any]) -> Generator[dict[str, Any], None, dict[str, Any]]:
+    """Load the model, stream the events, return the result (or ``{"refused": TEXT}``)."""
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import generate_step
@@ -49,64 +45,34 @@ def main() -> int:
     model, tokenizer = load(str(folder))
     if "messages" in request:
         if not getattr(tokenizer, "chat_template", None):
-            _emit(
-                {"error": "this model has no chat template; use /v1/completions", "kind": "invalid"}
-            )
-            return 2
+            return {"refused": "this model has no chat template; use /v1/completions"}
         ids = list(tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True))
     else:
         ids = list(tokenizer.encode(str(request["prompt"])))
     context = _context(folder)
     if len(ids) >= context:
-        _emit({"error": f"the prompt has {len(ids)} tokens; this model's context is {context}",
-               "kind": "invalid"})  # fmt: skip
-        return 2
+        return {"refused": f"the prompt has {len(ids)} tokens; this model's context is {context}"}
     limit = request.get("max_tokens")
     budget = context - len(ids) if limit is None else min(int(limit), context - len(ids))
-    temperature = float(request.get("temperature", 1.0))
     if request.get("seed") is not None:
         mx.random.seed(int(request["seed"]) % 2**32)
+    temperature = float(request.get("temperature", 1.0))
     sampler = make_sampler(temp=temperature, top_p=float(request.get("top_p", 1.0)))
     text = GeneratedText(
         lambda t: str(tokenizer.decode(t, skip_special_tokens=True)),
         [str(s) for s in request.get("stop") or []],
     )
-    eos = set(tokenizer.eos_token_ids)
-    finish = "length"
     steps = generate_step(mx.array(ids), model, max_tokens=budget, sampler=sampler)
-    for token, _ in steps:
-        token = int(token)
-        if token in eos:
-            finish = "stop"
-            break
-        event = text.add(token)
-        if event is not None:
-            _emit({"delta": event["text"], "ids": event["ids"]})
-        if text.stopped:
-            finish = "stop"
-            break
-        if len(text.ids) >= budget:
-            break
-    rest = text.rest()
-    if rest is not None:
-        _emit({"delta": rest["text"], "ids": rest["ids"]})
-    done: dict[str, Any] = {
-        "done": True,
-        "finish_reason": finish,
+    tokens = (int(token) for token, _ in steps)
+    yield from text.follow(tokens, set(tokenizer.eos_token_ids), budget)
+    result: dict[str, Any] = {
+        "finish_reason": text.finish,
         "usage": {"prompt_tokens": len(ids), "completion_tokens": len(text.ids)},
     }
     if request.get("return_token_ids"):
-        done["prompt_ids"] = ids
-    _emit(done)
-    return 0
+        result["prompt_ids"] = ids
+    return result
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception as exc:  # reported on the protocol; the traceback goes to the log
-        import traceback
-
-        traceback.print_exc()
-        _emit({"error": f"{type(exc).__name__}: {exc}"})
-        sys.exit(1)
+    run_once(generate)

@@ -9,22 +9,9 @@ environment when ``mlx`` and ``mlx_lm`` import there.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from werk import EnvironmentSpec, FoundPython, locate_python
 
-import msgspec
-
-from werk import (
-    CapabilityId,
-    EnvironmentSpec,
-    ManagedEnvironment,
-    Unavailable,
-    configured_python,
-    werk_home,
-)
-
-__all__ = ["INSTALL_HINT", "MlxPython", "environment_spec", "locate"]
+__all__ = ["INSTALL_HINT", "environment_spec", "locate"]
 
 NAME = "mlx"
 PYTHON_ENV = "WERK_MLX_PYTHON"
@@ -39,13 +26,6 @@ REQUIREMENTS = (
 )
 
 
-class MlxPython(msgspec.Struct, frozen=True):
-    """An interpreter with MLX and mlx-lm, and where it came from."""
-
-    python: Path
-    source: str
-
-
 def environment_spec() -> EnvironmentSpec:
     return EnvironmentSpec(
         name=NAME,
@@ -55,19 +35,13 @@ def environment_spec() -> EnvironmentSpec:
     )
 
 
-def locate() -> MlxPython:
-    """The runner's python, in the documented order; ``Unavailable`` naming the install
-    command when there is none."""
-    configured = configured_python(PYTHON_ENV)
-    if configured is not None:
-        return MlxPython(configured, PYTHON_ENV)
-    managed = ManagedEnvironment(werk_home(), NAME).ready_python(environment_spec())
-    if managed is not None:
-        return MlxPython(managed, "the managed mlx environment")
-    if all(importlib.util.find_spec(name) is not None for name in ("mlx", "mlx_lm")):
-        return MlxPython(Path(sys.executable), "Werk's own environment")
-    raise Unavailable(
-        f"MLX and mlx-lm are not installed; {INSTALL_HINT}",
-        capability=CapabilityId.MODEL_RESIDENCY,
-        retryable=False,
+def locate() -> FoundPython:
+    """The runner's python, in the documented order (the managed environment before Werk's
+    own: only it has torch for the demo); ``Unavailable`` naming the install command."""
+    return locate_python(
+        environment_spec(),
+        setting=PYTHON_ENV,
+        missing="MLX and mlx-lm are not installed",
+        own=("mlx", "mlx_lm"),
+        own_first=False,
     )

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 
 from werk.testing.server import WerkServer
@@ -54,29 +53,6 @@ def events(response: httpx.Response) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines[:-1]]
 
 
-def processes(home: Path, kind: str, script: str) -> list[psutil.Process]:
-    """Live ``script`` processes (``_worker.py``, ``_runner.py``) of the ``werk serve`` using
-    ``home`` (working directory under ``home/backends/<kind>-runs``)."""
-    runs = str(home / "backends" / f"{kind}-runs")
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmdline = proc.info["cmdline"] or []
-            if (
-                len(cmdline) >= 2
-                and cmdline[1].endswith(f"werk_onnx/{script}")
-                and proc.info["status"] != psutil.STATUS_ZOMBIE
-                and proc.cwd().startswith(runs)
-            ):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
 def residency(server: WerkServer, model: str, backend: str) -> dict[str, Any]:
-    with server.client(KEY) as http:
-        answer = http.get("/werk/v1/capabilities", params={"model": model})
-    assert answer.status_code == 200, answer.text
-    rows = answer.json()["capabilities"]
-    return next(r for r in rows if r["backend"] == backend and r["id"] == "runtime.model_residency")
+    row: dict[str, Any] = server.capability(model, backend, "runtime.model_residency", KEY)
+    return row

@@ -27,7 +27,6 @@ from onnx_testing import (
     RUNNER,
     chat,
     events,
-    processes,
     require_backends,
     residency,
     werk,
@@ -113,7 +112,7 @@ def test_the_reference_runner_answers_what_the_worker_answers(served: WerkServer
     assert len(worker.json()["choices"][0]["message"]["content"]) > 0
     row = residency(served, RUNNER, "onnx-runner")
     assert row["status"] == "unsupported" and "started for each request" in row["reason"]
-    assert processes(served.home, "onnx-runner", "_runner.py") == []  # each one exited
+    assert served.children("werk_onnx/_runner.py", "onnx-runner") == []  # each one exited
 
 
 def test_a_custom_runner_gets_the_request_and_its_answer_is_relayed(served: WerkServer) -> None:
@@ -136,14 +135,14 @@ def test_the_runner_timeout_kills_a_runner_that_hangs(served: WerkServer) -> Non
     hung = chat(served, SLOW, messages=[{"role": "user", "content": "sleep"}])
     assert hung.status_code == 504, hung.text
     assert time.monotonic() - started < 30
-    assert processes(served.home, "onnx-runner", "runner.py") == []
+    assert served.children("runner.py", "onnx-runner") == []
 
 
 def test_a_worker_killed_mid_generation_fails_and_the_next_request_starts_cold(
     served: WerkServer,
 ) -> None:
     assert chat(served, GENAI).status_code == 200
-    (worker,) = processes(served.home, "onnx-genai", "_worker.py")
+    (worker,) = served.children("werk_onnx/_worker.py", "onnx-genai")
     with served.client(KEY, timeout=300) as http:
         body = {"model": GENAI, "messages": [{"role": "user", "content": "Hello"}],
                 "max_tokens": 2000, "temperature": 0, "stream": True}  # fmt: skip
@@ -155,7 +154,7 @@ def test_a_worker_killed_mid_generation_fails_and_the_next_request_starts_cold(
     assert any("the onnx-genai worker exited during execute" in line for line in rest), rest[-3:]
     assert residency(served, GENAI, "onnx-genai")["reason"].startswith("no onnx-genai worker")
     assert chat(served, GENAI).status_code == 200
-    (fresh,) = processes(served.home, "onnx-genai", "_worker.py")
+    (fresh,) = served.children("werk_onnx/_worker.py", "onnx-genai")
     assert fresh.pid != worker.pid
 
 
@@ -172,13 +171,13 @@ def _lru(home: Path, cache_size: str) -> tuple[str, str]:
 
 def test_with_one_model_slot_the_second_model_evicts_the_first(custom_home: Path) -> None:
     a, b = _lru(custom_home, "1")
-    assert a.startswith("this model is not loaded now")
-    assert b.startswith("this model is loaded") and "keeps 1 of at most 1 model(s)" in b
+    assert a.startswith("its model is not loaded now")
+    assert b.startswith("its model is resident") and "keeps 1 of at most 1 model(s)" in b
 
 
 def test_with_two_model_slots_both_stay_loaded(custom_home: Path) -> None:
     a, b = _lru(custom_home, "2")
-    assert a.startswith("this model is loaded") and "keeps 2 of at most 2 model(s)" in b
+    assert a.startswith("its model is resident") and "keeps 2 of at most 2 model(s)" in b
     held = int(re.search(r", (\d+) bytes of ONNX files", b).group(1))  # type: ignore[union-attr]
     files = sum(
         p.stat().st_size
@@ -190,10 +189,10 @@ def test_with_two_model_slots_both_stay_loaded(custom_home: Path) -> None:
 
 
 def test_sigkill_of_werk_serve_leaves_no_worker(custom_home: Path) -> None:
-    others = {p.pid for p in processes(custom_home, "onnx-genai", "_worker.py")}
+    others = {p.pid for p in psutil.process_iter()}  # the module's server's worker too
     for server in _serve(custom_home):
         assert chat(server, GENAI).status_code == 200
-        pids = {p.pid for p in processes(server.home, "onnx-genai", "_worker.py")} - others
+        pids = {p.pid for p in server.children("werk_onnx/_worker.py", "onnx-genai")} - others
         assert len(pids) == 1
         server.process.send_signal(signal.SIGKILL)
         server.process.wait()

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
-from werk_companion_frames import GeneratedText
+from werk_companion_frames import GeneratedText, has_chat_template
 
 
 class Loaded:
@@ -33,21 +33,10 @@ class Loaded:
         self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.model = og.Model(path)
         self.tokenizer = og.Tokenizer(self.model)
-        self.template = (Path(path) / "chat_template.jinja").is_file() or bool(
-            _tokenizer_template(Path(path))
-        )
+        self.template = has_chat_template(path)
         self.bytes = sum(
             p.stat().st_size for p in Path(path).iterdir() if p.name.endswith((".onnx", ".data"))
         )
-
-
-def _tokenizer_template(path: Path) -> str:
-    try:
-        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    template = config.get("chat_template") if isinstance(config, dict) else None
-    return template if isinstance(template, str) else ""
 
 
 class _Decoded:
@@ -110,27 +99,15 @@ def generate(
     generator = og.Generator(loaded.model, params)
     generator.append_tokens(np.array(ids, dtype=np.int32))
     text = GeneratedText(_Decoded(loaded), [str(s) for s in args.get("stop") or []])
-    finish = "length"
-    try:
-        while not generator.is_done() and len(text.ids) < budget:
+
+    def tokens() -> Iterator[int]:
+        while not generator.is_done():
             generator.generate_next_token()
-            token = int(generator.get_next_tokens()[0])
-            if token in loaded.eos:
-                finish = "stop"
-                break
-            event = text.add(token)
-            if event is not None:
-                yield event
-            if text.stopped:
-                finish = "stop"
-                break
-        rest = text.rest()
-        if rest is not None:
-            yield rest
-    finally:
-        del generator
+            yield int(generator.get_next_tokens()[0])
+
+    yield from text.follow(tokens(), loaded.eos, budget)
     result: dict[str, Any] = {
-        "finish_reason": finish,
+        "finish_reason": text.finish,
         "usage": {"prompt_tokens": len(ids), "completion_tokens": len(text.ids)},
     }
     if args.get("return_token_ids"):

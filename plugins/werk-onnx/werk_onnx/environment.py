@@ -8,20 +8,9 @@ model builder's needs — torch 2.13.0 (the CPU build here), Transformers 5.17.0
 
 from __future__ import annotations
 
-from pathlib import Path
+from werk import EnvironmentSpec, FoundPython, locate_python
 
-import msgspec
-
-from werk import (
-    CapabilityId,
-    EnvironmentSpec,
-    ManagedEnvironment,
-    Unavailable,
-    configured_python,
-    werk_home,
-)
-
-__all__ = ["INSTALL_HINT", "OnnxPython", "environment_spec", "locate"]
+__all__ = ["INSTALL_HINT", "environment_spec", "locate"]
 
 NAME = "onnx"
 PYTHON_ENV = "WERK_ONNX_PYTHON"
@@ -38,13 +27,6 @@ REQUIREMENTS = (
 )
 
 
-class OnnxPython(msgspec.Struct, frozen=True):
-    """An interpreter with ONNX Runtime GenAI, and where it came from."""
-
-    python: Path
-    source: str
-
-
 def environment_spec() -> EnvironmentSpec:
     return EnvironmentSpec(
         name=NAME,
@@ -55,17 +37,9 @@ def environment_spec() -> EnvironmentSpec:
     )
 
 
-def locate() -> OnnxPython:
+def locate() -> FoundPython:
     """``WERK_ONNX_PYTHON``, else the managed environment; ``Unavailable`` naming the install
     command when there is neither."""
-    configured = configured_python(PYTHON_ENV)
-    if configured is not None:
-        return OnnxPython(configured, PYTHON_ENV)
-    managed = ManagedEnvironment(werk_home(), NAME).ready_python(environment_spec())
-    if managed is not None:
-        return OnnxPython(managed, "the managed onnx environment")
-    raise Unavailable(
-        f"ONNX Runtime GenAI is not installed; {INSTALL_HINT}",
-        capability=CapabilityId.MODEL_RESIDENCY,
-        retryable=False,
+    return locate_python(
+        environment_spec(), setting=PYTHON_ENV, missing="ONNX Runtime GenAI is not installed"
     )

@@ -21,7 +21,6 @@ are the host's ``unsupported``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from werk import (
     CapabilityId,
     CapabilityReport,
     CapabilityStatus,
+    CompanionBackend,
     DemoModel,
     EnvironmentSpec,
     InvalidRequest,
@@ -69,9 +69,22 @@ class GenaiHandle:
     context_length: int
 
 
-class _Shared:
-    worker: OnnxWorker | None = None
-    runtimes: list[Runtime] = []
+async def _start_worker() -> OnnxWorker:
+    from .worker import OnnxWorker
+
+    return await OnnxWorker.start(locate())
+
+
+SHARED: CompanionBackend[OnnxWorker] = CompanionBackend(
+    GENAI,
+    _start_worker,
+    locate,
+    entry="model",
+    capacity_setting="WERK_ONNX_GENAI_MODEL_CACHE_SIZE",
+    held="ONNX files",
+    note=lambda worker: "; each request gets a new generator",
+)
+"""The onnx-genai worker of this Werk process and the runtimes that use it."""
 
 
 def _model_path(spec: ModelSpec) -> Path:
@@ -81,25 +94,6 @@ def _model_path(spec: ModelSpec) -> Path:
     return Path(os.path.commonpath([str(f) for f in spec.files]))
 
 
-async def _worker() -> OnnxWorker:
-    from .worker import OnnxWorker
-
-    worker = _Shared.worker
-    if worker is not None and worker.alive():
-        return worker
-    if worker is not None:
-        await worker.stop()
-    worker = _Shared.worker = await OnnxWorker.start(locate())
-
-    def ended() -> None:
-        for runtime in list(_Shared.runtimes):
-            if isinstance(runtime.handle, GenaiHandle) and runtime.handle.worker is worker:
-                runtime.alive = False
-
-    worker.on_end(ended)
-    return worker
-
-
 async def start_genai(spec: ModelSpec) -> Runtime:
     """``onnx-genai`` start: the worker checks the folder and loads the model (its LRU)."""
     path = _model_path(spec)
@@ -107,7 +101,7 @@ async def start_genai(spec: ModelSpec) -> Runtime:
         raise InvalidRequest(
             f"model {spec.id!r} is not an ONNX Runtime GenAI folder (no genai_config.json)"
         )
-    worker = await _worker()
+    worker = await SHARED.running()
     probe = await worker.request("probe-model", {"path": str(path)})
     await worker.request("load", {"path": str(path)})
     runtime = Runtime(
@@ -116,25 +110,12 @@ async def start_genai(spec: ModelSpec) -> Runtime:
         generation=worker.generation,
         handle=GenaiHandle(worker, path, int(probe["context_length"])),
     )
-    _Shared.runtimes.append(runtime)
-    return runtime
+    return SHARED.attach(runtime)
 
 
 async def stop_genai(runtime: Runtime) -> None:
     """``onnx-genai`` stop: drop the model; the last runtime ends the worker."""
-    runtime.alive = False
-    _Shared.runtimes = [r for r in _Shared.runtimes if r is not runtime]
-    handle = runtime.handle
-    if not isinstance(handle, GenaiHandle) or not handle.worker.alive():
-        return
-    worker = handle.worker
-    if any(getattr(r.handle, "worker", None) is worker for r in _Shared.runtimes):
-        with contextlib.suppress(WerkError):
-            await worker.request("unload", {"path": str(handle.path)})
-        return
-    await worker.stop()
-    if _Shared.worker is worker:
-        _Shared.worker = None
+    await SHARED.detach(runtime, {"path": str(getattr(runtime.handle, "path", ""))})
 
 
 def _reference_runner() -> list[str]:
@@ -198,41 +179,6 @@ def werk_demo_models() -> list[DemoModel]:
     return list(DEMOS)
 
 
-def _genai_residency(context: CapabilityContext) -> CapabilityReport:
-    worker = _Shared.worker
-    if worker is None or not worker.alive():
-        try:
-            found = locate()
-        except WerkError as exc:
-            return CapabilityReport(
-                id=CapabilityId.MODEL_RESIDENCY,
-                status=CapabilityStatus.UNAVAILABLE,
-                reason=exc.message,
-            )
-        return CapabilityReport(
-            id=CapabilityId.MODEL_RESIDENCY,
-            status=CapabilityStatus.SUPPORTED,
-            operations=["load"],
-            reason=f"no onnx-genai worker is running (its python from {found.source}); "
-            "loading a model or its first request starts one",
-        )
-    resident = [str(entry.get("path")) for entry in worker.resident]
-    where = ""
-    runtime = context.runtime
-    if runtime is not None and isinstance(runtime.handle, GenaiHandle):
-        loaded = str(runtime.handle.path) in resident
-        where = "this model is loaded; " if loaded else "this model is not loaded now; "
-    held = sum(int(entry.get("bytes") or 0) for entry in worker.resident)
-    return CapabilityReport(
-        id=CapabilityId.MODEL_RESIDENCY,
-        status=CapabilityStatus.SUPPORTED,
-        operations=["load", "unload"],
-        reason=f"{where}the onnx-genai worker (pid {worker.process.pid}) keeps {len(resident)} "
-        f"of at most {worker.capacity} model(s) (WERK_ONNX_GENAI_MODEL_CACHE_SIZE), {held} "
-        "bytes of ONNX files; each request gets a new generator",
-    )
-
-
 def _runner_residency(context: CapabilityContext) -> CapabilityReport:
     custom = context.model is not None and "runner" in context.model.options
     if not custom:
@@ -256,7 +202,7 @@ def _runner_residency(context: CapabilityContext) -> CapabilityReport:
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     if context.backend == GENAI:
-        return [_genai_residency(context)]
+        return [SHARED.residency(context, lambda r: str(getattr(r.handle, "path", "")))]
     if context.backend == RUNNER:
         return [_runner_residency(context)]
     return []

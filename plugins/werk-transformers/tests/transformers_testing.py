@@ -69,31 +69,11 @@ def streamed_text(payloads: list[dict[str, Any]]) -> str:
     )
 
 
-def workers(home: Path) -> list[psutil.Process]:
-    """Live Transformers workers of the ``werk serve`` using ``home`` (their working directory
-    is under ``home/backends/transformers-runs``)."""
-    runs = str(home / "backends" / "transformers-runs")
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmdline = proc.info["cmdline"] or []
-            if (
-                len(cmdline) >= 2
-                and cmdline[1].endswith("werk_transformers/_worker.py")
-                and proc.info["status"] != psutil.STATUS_ZOMBIE
-                and proc.cwd().startswith(runs)
-            ):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+def workers(server: WerkServer) -> list[psutil.Process]:
+    """The server's live Transformers workers."""
+    return server.children("werk_transformers/_worker.py", "transformers")
 
 
 def residency(server: WerkServer, model: str) -> dict[str, Any]:
-    with server.client(KEY) as http:
-        answer = http.get("/werk/v1/capabilities", params={"model": model})
-    assert answer.status_code == 200, answer.text
-    rows = answer.json()["capabilities"]
-    return next(
-        r for r in rows if r["backend"] == "transformers" and r["id"] == "runtime.model_residency"
-    )
+    row: dict[str, Any] = server.capability(model, "transformers", "runtime.model_residency", KEY)
+    return row

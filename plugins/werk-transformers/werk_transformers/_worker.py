@@ -36,7 +36,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
-from werk_companion_frames import GeneratedText, LoadedLRU, RequestError, serve
+from werk_companion_frames import (
+    GeneratedText,
+    LoadedLRU,
+    RequestError,
+    has_chat_template,
+    serve,
+)
 
 CAUSAL_SUFFIX = "ForCausalLM"
 
@@ -160,33 +166,24 @@ def _generate(args: dict[str, Any]) -> Generator[dict[str, Any], None, dict[str,
     generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
     stops = [str(s) for s in args.get("stop") or []]
     text = GeneratedText(lambda t: str(loaded.tokenizer.decode(t, skip_special_tokens=True)), stops)
-    finish = "length"
-    step_input = torch.tensor([ids])
-    past = None
-    try:
+
+    def tokens() -> Iterator[int]:
+        """Transformers' forward pass with its KV cache, one token at a time."""
+        step_input, past = torch.tensor([ids]), None
         with torch.inference_mode():
-            for _ in range(budget):
+            while True:
                 out = loaded.model(input_ids=step_input, past_key_values=past, use_cache=True)
                 past = out.past_key_values
                 token = _pick(out.logits[0, -1].float(), temperature, top_p, generator)
-                if token in loaded.eos:
-                    finish = "stop"
-                    break
-                event = text.add(token)
-                if event is not None:
-                    yield event
-                if text.stopped:
-                    finish = "stop"
-                    break
+                yield token
                 step_input = torch.tensor([[token]])
-        rest = text.rest()
-        if rest is not None:
-            yield rest
+
+    try:
+        yield from text.follow(tokens(), loaded.eos, budget)
     finally:
-        del past
         MODELS.after_request()
     usage = {"prompt_tokens": len(ids), "completion_tokens": len(text.ids)}
-    result = {"finish_reason": finish, "usage": usage, "resident": MODELS.resident()}
+    result = {"finish_reason": text.finish, "usage": usage, "resident": MODELS.resident()}
     if args.get("return_token_ids"):
         result["prompt_ids"] = ids
     return result
@@ -207,13 +204,10 @@ def handle(op: str, args: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str,
         return {"cache_size": MODELS.capacity}
     if op == "probe-model":
         config = _config(str(args["path"]))
-        template = Path(str(args["path"]), "chat_template.jinja").is_file() or bool(
-            _tokenizer_template(Path(str(args["path"])))
-        )
         return {
             "architecture": _architecture(config),
             "context_length": _context_length(config),
-            "chat_template": template,
+            "chat_template": has_chat_template(str(args["path"])),
         }
     if op == "load":
         MODELS.get(str(args["path"]))
@@ -224,15 +218,6 @@ def handle(op: str, args: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str,
     if op == "unload":
         return {"unloaded": MODELS.drop(str(args["path"])), "resident": MODELS.resident()}
     raise RequestError("unsupported", f"unknown operation {op!r}")
-
-
-def _tokenizer_template(path: Path) -> str:
-    try:
-        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    template = config.get("chat_template") if isinstance(config, dict) else None
-    return template if isinstance(template, str) else ""
 
 
 if __name__ == "__main__":

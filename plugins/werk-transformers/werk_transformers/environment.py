@@ -10,22 +10,9 @@ cache serves both). :func:`locate` says which, and reasons name it.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from werk import EnvironmentSpec, FoundPython, locate_python
 
-import msgspec
-
-from werk import (
-    CapabilityId,
-    EnvironmentSpec,
-    ManagedEnvironment,
-    Unavailable,
-    configured_python,
-    werk_home,
-)
-
-__all__ = ["INSTALL_HINT", "TransformersPython", "environment_spec", "locate"]
+__all__ = ["INSTALL_HINT", "environment_spec", "locate"]
 
 NAME = "transformers"
 PYTHON_ENV = "WERK_TRANSFORMERS_PYTHON"
@@ -42,13 +29,6 @@ REQUIREMENTS = (
 )
 
 
-class TransformersPython(msgspec.Struct, frozen=True):
-    """An interpreter with torch and Transformers, and where it came from."""
-
-    python: Path
-    source: str
-
-
 def environment_spec() -> EnvironmentSpec:
     return EnvironmentSpec(
         name=NAME,
@@ -58,25 +38,13 @@ def environment_spec() -> EnvironmentSpec:
     )
 
 
-def _libraries_here() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in LIBRARIES)
-
-
-def locate() -> TransformersPython:
+def locate() -> FoundPython:
     """The worker's python, in the documented order; ``Unavailable`` naming the install
     command when there is none."""
-    configured = configured_python(PYTHON_ENV)
-    if configured is not None:
-        return TransformersPython(configured, PYTHON_ENV)
-    if _libraries_here():
-        return TransformersPython(
-            Path(sys.executable), "Werk's own environment (werk-transformers[torch])"
-        )
-    managed = ManagedEnvironment(werk_home(), NAME).ready_python(environment_spec())
-    if managed is not None:
-        return TransformersPython(managed, "the managed transformers environment")
-    raise Unavailable(
-        f"torch and Transformers are not installed; {INSTALL_HINT}",
-        capability=CapabilityId.MODEL_RESIDENCY,
-        retryable=False,
+    return locate_python(
+        environment_spec(),
+        setting=PYTHON_ENV,
+        missing="torch and Transformers are not installed",
+        own=LIBRARIES,
+        hint=" (or `pip install werk-transformers[torch]`)",
     )

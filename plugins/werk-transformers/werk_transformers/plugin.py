@@ -17,7 +17,6 @@ prefill/decode or expert hook and the host reports those rows ``unsupported``.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +25,8 @@ from typing import TYPE_CHECKING
 from werk import (
     BackendDescriptor,
     CapabilityContext,
-    CapabilityId,
     CapabilityReport,
-    CapabilityStatus,
+    CompanionBackend,
     DemoModel,
     EnvironmentSpec,
     InvalidRequest,
@@ -37,7 +35,6 @@ from werk import (
     OpenAIReply,
     Runtime,
     RuntimeEnded,
-    WerkError,
     generation_args,
     generation_reply,
     hookimpl,
@@ -62,11 +59,21 @@ class TransformersHandle:
     chat_template: bool
 
 
-class _Shared:
-    """The worker of this Werk process and the runtimes that use it."""
+async def _start_worker() -> TransformersWorker:
+    from .worker import TransformersWorker
 
-    worker: TransformersWorker | None = None
-    runtimes: list[Runtime] = []
+    return await TransformersWorker.start(locate())
+
+
+SHARED: CompanionBackend[TransformersWorker] = CompanionBackend(
+    BACKEND,
+    _start_worker,
+    locate,
+    entry="model",
+    capacity_setting="WERK_TRANSFORMERS_MODEL_CACHE_SIZE",
+    note=lambda worker: "; the KV cache lives for one generation",
+)
+"""The worker of this Werk process and the runtimes that use it."""
 
 
 def _model_dir(spec: ModelSpec) -> Path:
@@ -77,30 +84,11 @@ def _model_dir(spec: ModelSpec) -> Path:
     return configs[0].parent
 
 
-async def _worker() -> TransformersWorker:
-    from .worker import TransformersWorker
-
-    worker = _Shared.worker
-    if worker is not None and worker.alive():
-        return worker
-    if worker is not None:  # it died between requests: reap it, release its directory
-        await worker.stop()
-    worker = _Shared.worker = await TransformersWorker.start(locate())
-
-    def ended() -> None:
-        for runtime in list(_Shared.runtimes):
-            if isinstance(runtime.handle, TransformersHandle) and runtime.handle.worker is worker:
-                runtime.alive = False
-
-    worker.on_end(ended)
-    return worker
-
-
 async def start_runtime(spec: ModelSpec) -> Runtime:
     """``BackendDescriptor.start``: the worker (started if needed) checks that the model
     generates text, then loads it (into its LRU)."""
     path = _model_dir(spec)
-    worker = await _worker()
+    worker = await SHARED.running()
     probe = await worker.request("probe-model", {"path": str(path)})
     await worker.request("load", {"path": str(path)})
     runtime = Runtime(
@@ -115,25 +103,13 @@ async def start_runtime(spec: ModelSpec) -> Runtime:
             chat_template=bool(probe["chat_template"]),
         ),
     )
-    _Shared.runtimes.append(runtime)
-    return runtime
+    return SHARED.attach(runtime)
 
 
 async def stop_runtime(runtime: Runtime) -> None:
     """``BackendDescriptor.stop``: drop the model; the last runtime ends the worker."""
-    runtime.alive = False
-    _Shared.runtimes = [r for r in _Shared.runtimes if r is not runtime]
-    handle = runtime.handle
-    if not isinstance(handle, TransformersHandle) or not handle.worker.alive():
-        return
-    worker = handle.worker
-    if any(getattr(r.handle, "worker", None) is worker for r in _Shared.runtimes):
-        with contextlib.suppress(WerkError):  # the worker ended: its runtimes are marked dead
-            await worker.request("unload", {"path": str(handle.path)})
-        return
-    await worker.stop()
-    if _Shared.worker is worker:
-        _Shared.worker = None
+    path = getattr(runtime.handle, "path", "")
+    await SHARED.detach(runtime, {"path": str(path)})
 
 
 @hookimpl
@@ -166,47 +142,11 @@ def werk_demo_models() -> list[DemoModel]:
     return list(DEMOS)
 
 
-def _residency(context: CapabilityContext) -> CapabilityReport:
-    worker = _Shared.worker
-    if worker is None or not worker.alive():
-        try:
-            found = locate()
-        except WerkError as exc:
-            return CapabilityReport(
-                id=CapabilityId.MODEL_RESIDENCY,
-                status=CapabilityStatus.UNAVAILABLE,
-                reason=exc.message,
-            )
-        return CapabilityReport(
-            id=CapabilityId.MODEL_RESIDENCY,
-            status=CapabilityStatus.SUPPORTED,
-            operations=["load"],
-            reason=f"no transformers worker is running (its python from {found.source}); "
-            "loading a model (POST /werk/v1/models/ID/load) or its first request starts one",
-        )
-    resident = [str(entry.get("path")) for entry in worker.resident]
-    where = ""
-    runtime = context.runtime
-    if runtime is not None and isinstance(runtime.handle, TransformersHandle):
-        loaded = str(runtime.handle.path) in resident
-        where = "this model is loaded; " if loaded else "this model is not loaded now; "
-    held = sum(int(entry.get("bytes") or 0) for entry in worker.resident)
-    return CapabilityReport(
-        id=CapabilityId.MODEL_RESIDENCY,
-        status=CapabilityStatus.SUPPORTED,
-        operations=["load", "unload"],
-        reason=f"{where}the transformers worker (pid {worker.process.pid}) keeps "
-        f"{len(resident)} of at most {worker.capacity} model(s) "
-        f"(WERK_TRANSFORMERS_MODEL_CACHE_SIZE), {held} bytes of parameters and buffers; the "
-        "KV cache lives for one generation",
-    )
-
-
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     if context.backend != BACKEND:
         return []
-    return [_residency(context)]
+    return [SHARED.residency(context, lambda runtime: str(getattr(runtime.handle, "path", "")))]
 
 
 @hookimpl

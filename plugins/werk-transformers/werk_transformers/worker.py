@@ -11,17 +11,12 @@ client went away and the typed errors are the host's (:class:`werk.CompanionWork
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
-from werk import CapabilityId, CompanionWorker, Unavailable, werk_home
-
-from .environment import TransformersPython
+from werk import CompanionWorker, FoundPython, werk_home, whole_number_setting
 
 __all__ = ["CACHE_SIZE_ENV", "TransformersWorker"]
-
-log = logging.getLogger("werk.transformers")
 
 WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 CACHE_SIZE_ENV = "WERK_TRANSFORMERS_MODEL_CACHE_SIZE"
@@ -31,41 +26,23 @@ START_TIMEOUT_SECONDS = 180.0
 KIND = "transformers"
 
 
-def _whole_number(name: str, default: int) -> int:
-    raw = os.environ.get(name, str(default))
-    if not raw.isdigit():
-        raise Unavailable(
-            f"{name}={raw!r} is not a whole number >= 0",
-            capability=CapabilityId.MODEL_RESIDENCY,
-            retryable=False,
-        )
-    return int(raw)
-
-
 def cache_size() -> int:
     """Models the worker keeps loaded (:data:`CACHE_SIZE_ENV`, default 1)."""
-    return _whole_number(CACHE_SIZE_ENV, 1)
+    return whole_number_setting(CACHE_SIZE_ENV, 1)
 
 
 def max_waiting() -> int:
     """Requests that may wait for the busy worker (:data:`MAX_WAITING_ENV`, default 8)."""
-    return _whole_number(MAX_WAITING_ENV, DEFAULT_MAX_WAITING)
+    return whole_number_setting(MAX_WAITING_ENV, DEFAULT_MAX_WAITING)
 
 
 class TransformersWorker(CompanionWorker):
-    """A running Transformers worker.
+    """A running Transformers worker (:ivar found: the Python it runs in)."""
 
-    :ivar found: the Python it runs in (and where that came from).
-    :ivar versions: torch's, Transformers' and tokenizers' versions (from ``health``).
-    :ivar capacity: the models its LRU keeps.
-    """
-
-    found: TransformersPython
-    versions: dict[str, str]
-    capacity: int
+    found: FoundPython
 
     @classmethod
-    async def start(cls, found: TransformersPython) -> TransformersWorker:
+    async def start(cls, found: FoundPython) -> TransformersWorker:
         """Spawn the worker and wait for its ``health`` and ``capabilities``."""
         env = dict(os.environ)
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
@@ -80,17 +57,4 @@ class TransformersWorker(CompanionWorker):
             waiting_setting=MAX_WAITING_ENV,
         )
         worker.found = found
-        worker.versions = dict(worker.health.get("versions") or {})
-        try:
-            capabilities = await worker.request("capabilities", {})
-        except BaseException:
-            await worker.stop()
-            raise
-        worker.capacity = int(capabilities["cache_size"])
-        log.info(
-            "transformers worker %s ready (%s, from %s)",
-            worker.process.pid,
-            ", ".join(f"{k} {v}" for k, v in worker.versions.items()),
-            found.source,
-        )
-        return worker
+        return await worker.handshake()
