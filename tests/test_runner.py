@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -146,3 +147,48 @@ async def test_a_runner_answers_an_openai_stream(runner: list[str], tmp_path: Pa
     assert "".join(c["choices"][0]["text"] for c in chunks) == "HELLO THERE "
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert os.listdir(tmp_path / "runs") == []
+
+
+RUN_ONCE = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, os.environ["WERK_COMPANION_FRAMES"])
+    from werk_companion_frames import run_once
+
+    def generate(request):
+        print("a library printing to stdout")  # must not break the protocol
+        if request["mode"] == "refuse":
+            return {"refused": "too long"}
+        if request["mode"] == "raise":
+            raise ValueError("bad weights")
+        yield {"text": "hi", "ids": [7]}
+        return {"finish_reason": "stop", "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+
+    run_once(generate)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "events", "result", "error"),
+    [
+        ("ok", [{"text": "hi", "ids": [7]}], "stop", None),
+        ("refuse", [], None, None),
+        ("raise", [], None, "the toy runner failed: ValueError: bad weights; (status 1)"),
+    ],
+)
+async def test_a_python_runner_on_run_once_speaks_the_contract(
+    tmp_path: Path, mode: str, events: list, result: str | None, error: str | None
+) -> None:
+    script = tmp_path / "run_once.py"
+    script.write_text(RUN_ONCE)
+    if error is not None:
+        with pytest.raises(BackendError, match=re.escape(error)):
+            await _run([sys.executable, str(script)], tmp_path, mode=mode)
+        return
+    got, final = await _run([sys.executable, str(script)], tmp_path, mode=mode)
+    assert got == events
+    assert final is not None
+    assert final.get("finish_reason") == result
+    if mode == "refuse":
+        assert final == {"refused": "too long"}
