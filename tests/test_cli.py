@@ -315,7 +315,7 @@ def test_a_model_directory_is_imported_with_every_file_under_it(
     (llm / "model.bin").write_bytes(b"\0" * 64)
     ambiguous = run("models", "import", str(llm), "--id", "llm", home=werk_home)
     assert ambiguous.returncode == 1
-    assert "can be served by media, transformers, vllm; pass --backend" in ambiguous.stderr
+    assert "can be served by media, mlx, transformers, vllm; pass --backend" in ambiguous.stderr
     chosen = run("models", "import", str(llm), "--id", "llm", "--backend", "vllm", home=werk_home)
     assert chosen.returncode == 0, chosen.stderr
     empty = tmp_path / "empty"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from _server import SpawnServer, WerkServer
@@ -42,8 +43,14 @@ def test_every_request_gets_one_line_with_model_status_and_request_id(
     with server.client() as anonymous:
         unauthenticated = anonymous.get("/v1/models")
     assert [ok.status_code, streamed.status_code, missing.status_code] == [200, 200, 404]
-    lines = _access_lines(server)[before:]
-    by_id = {m["id"]: m for m in lines}
+    replies = (ok, streamed, missing, listed, unauthenticated)
+    wanted = {reply.headers["x-werk-request-id"] for reply in replies}
+    deadline = time.monotonic() + 10  # a line is written once its exchange has ended, which
+    while True:  # for a stream can be just after the client read its last byte
+        by_id = {m["id"]: m for m in _access_lines(server)[before:]}
+        if wanted <= set(by_id) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     for reply, status, method, path, model in (
         (ok, "200", "POST", "/v1/chat/completions", "kv"),
         (streamed, "200", "POST", "/v1/chat/completions", "kv"),
