@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -182,3 +183,42 @@ async def test_a_refusal_is_an_invalid_request_before_any_reply(stream: bool) ->
     with pytest.raises(InvalidRequest, match="context is 2048"):
         await generation_reply(_call(stream), "m", _generation(events))
     assert events.left
+
+
+RED_PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AA"
+    "AAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+def test_images_are_parts_in_order_only_where_the_backend_takes_them() -> None:
+    content = [
+        {"type": "text", "text": "What is "},
+        {"type": "image_url", "image_url": {"url": RED_PNG}},
+        {"type": "text", "text": "?"},
+    ]
+    body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    call = OpenAICall(route="chat.completions", body=body)
+    (message,) = generation_args(call, "vlm", images=True)["messages"]
+    assert message["content"] == [
+        {"type": "text", "text": "What is "},
+        {"type": "image", "url": RED_PNG},
+        {"type": "text", "text": "?"},
+    ]
+    with pytest.raises(Unsupported, match="serves text"):
+        generation_args(call, "text-only")
+
+
+@pytest.mark.parametrize(
+    ("url", "text"),
+    [
+        ("https://example.com/cat.png", "data:image/...;base64, URL"),
+        ("data:text/plain;base64,aGk=", "data:image/...;base64, URL"),
+        ("data:image/png;base64,###", "not valid base64"),
+    ],
+)
+def test_an_image_that_is_not_an_inline_image_is_refused(url: str, text: str) -> None:
+    part = {"type": "image_url", "image_url": {"url": url}}
+    body = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+    with pytest.raises(InvalidRequest, match=re.escape(text)):
+        generation_args(OpenAICall(route="chat.completions", body=body), "vlm", images=True)

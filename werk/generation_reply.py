@@ -93,7 +93,8 @@ class _Reply:
         body = self._envelope(kind) | {"choices": [choice], "usage": _usage(result)}
         if self.token_ids:
             choice["token_ids"] = ids
-            body["prompt_token_ids"] = _ids(result.get("prompt_ids"))
+            if "prompt_ids" in result:  # a generator that cannot tell them leaves them out
+                body["prompt_token_ids"] = _ids(result["prompt_ids"])
         return body
 
 
@@ -172,7 +173,7 @@ class _Chunks:
         self._done = True
         result = self._events.result or {}
         finish = str(result.get("finish_reason", "stop"))
-        prompt_ids = _ids(result.get("prompt_ids"))
+        prompt_ids = _ids(result["prompt_ids"]) if "prompt_ids" in result else None
         self._pending.append(self._reply.chunk(None, finish, [], prompt_ids=prompt_ids))
         if self._include_usage:
             self._pending.append(self._reply.usage_chunk(_usage(result)))

@@ -14,6 +14,8 @@ token ids (:mod:`werk.generation_reply`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 from .backends import OpenAICall
@@ -55,6 +57,8 @@ NO_OP: tuple[object, ...] = (
     "none",
 )
 ROLES = ("system", "developer", "user", "assistant")
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+"""The largest image a message may carry (decoded)."""
 MAX_STOPS = 4
 
 
@@ -110,7 +114,30 @@ def _check_fields(body: dict[str, Any], allowed: set[str], route: str, backend: 
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
 
 
-def _content(message: dict[str, Any], index: int, backend: str) -> str:
+def _image(part: dict[str, Any], index: int) -> dict[str, str]:
+    """An ``image_url`` part as ``{"type": "image", "url": DATA_URL}``: a ``data:image/…;base64,``
+    URL whose payload decodes and fits :data:`MAX_IMAGE_BYTES` (nothing is fetched)."""
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    where = f"messages[{index}]: an image_url part"
+    if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
+        raise InvalidRequest(
+            f"{where} needs a data:image/...;base64, URL (Werk fetches no remote image)",
+            param="messages",
+        )
+    payload = url.split(";base64,", 1)[1]
+    if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise InvalidRequest(f"{where} is over {MAX_IMAGE_BYTES} bytes", param="messages")
+    try:
+        base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(f"{where} is not valid base64", param="messages") from None
+    return {"type": "image", "url": url}
+
+
+def _content(
+    message: dict[str, Any], index: int, backend: str, images: bool
+) -> str | list[dict[str, str]]:
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -120,10 +147,13 @@ def _content(message: dict[str, Any], index: int, backend: str) -> str:
         raise InvalidRequest(
             f"messages[{index}].content must be a string or a list of parts", param="messages"
         )
-    texts = []
+    parts: list[dict[str, str]] = []
     for part in content:
         if not isinstance(part, dict):
             raise InvalidRequest(f"messages[{index}].content parts must be objects")
+        if images and part.get("type") == "image_url":
+            parts.append(_image(part, index))
+            continue
         if part.get("type") != "text":
             raise Unsupported(
                 f"the {backend} backend serves text; messages[{index}] has a "
@@ -131,11 +161,13 @@ def _content(message: dict[str, Any], index: int, backend: str) -> str:
             )
         if not isinstance(part.get("text"), str):
             raise InvalidRequest(f"messages[{index}]: a text part needs string 'text'")
-        texts.append(part["text"])
-    return "".join(texts)
+        parts.append({"type": "text", "text": part["text"]})
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
 
 
-def _messages(body: dict[str, Any], backend: str) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any], backend: str, images: bool) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list of messages", param="messages")
@@ -150,7 +182,7 @@ def _messages(body: dict[str, Any], backend: str) -> list[dict[str, str]]:
             raise InvalidRequest(
                 f"messages[{index}].role must be one of {', '.join(ROLES)}", param="messages"
             )
-        converted.append({"role": str(role), "content": _content(message, index, backend)})
+        converted.append({"role": str(role), "content": _content(message, index, backend, images)})
     return converted
 
 
@@ -163,8 +195,12 @@ def _prompt(body: dict[str, Any]) -> str:
     return prompt
 
 
-def generation_args(call: OpenAICall, backend: str) -> dict[str, Any]:
+def generation_args(call: OpenAICall, backend: str, *, images: bool = False) -> dict[str, Any]:
     """The generator's arguments for ``call`` (``backend`` names the backend in refusals).
+
+    With ``images``, a message's ``image_url`` parts are accepted (``data:`` URLs only, at most
+    :data:`MAX_IMAGE_BYTES`): its content is then a list of ``{"type": "text", "text": ...}``
+    and ``{"type": "image", "url": DATA_URL}`` parts, in order.
 
     :raises werk.InvalidRequest: a malformed or unknown field.
     :raises werk.Unsupported: a field these backends do not honour.
@@ -194,7 +230,7 @@ def generation_args(call: OpenAICall, backend: str) -> dict[str, Any]:
     if body.get("return_token_ids"):
         args["return_token_ids"] = True
     if chat:
-        args["messages"] = _messages(body, backend)
+        args["messages"] = _messages(body, backend, images)
     else:
         args["prompt"] = _prompt(body)
     return args

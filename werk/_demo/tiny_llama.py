@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 SPECIAL = ["<|begin|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 TEMPLATE = (
@@ -79,53 +80,73 @@ def _corpus() -> list[str]:
     return lines
 
 
-def main(target: Path, seed: int) -> None:
-    import torch  # type: ignore[import-not-found]  # the plugin environment's, not Werk's
+def tokenizer(extra: tuple[str, ...] = ()) -> Any:
+    """The byte-level BPE tokenizer trained on the built-in corpus, with the chat template
+    (``extra``: more special tokens, e.g. an image marker for a vision model)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    target.mkdir(parents=True, exist_ok=True)
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCABULARY,
-        special_tokens=SPECIAL,
+        special_tokens=[*SPECIAL, *extra],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     bpe.train_from_iterator(_corpus(), trainer)
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    built = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=bpe,
         bos_token="<|begin|>",  # noqa: S106 - special tokens, not passwords
         eos_token="<|end|>",  # noqa: S106
         pad_token="<|end|>",  # noqa: S106
         model_max_length=CONTEXT,
     )
-    tokenizer.chat_template = TEMPLATE
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    built.chat_template = TEMPLATE
+    return built
+
+
+def text_config(built: Any) -> Any:
+    """The tiny Llama's configuration for ``built`` (hidden 64, 2 layers, 4 heads, 2 KV heads)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(built),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=CONTEXT,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=built.bos_token_id,
+        eos_token_id=built.eos_token_id,
+        pad_token_id=built.pad_token_id,
         tie_word_embeddings=False,
     )
-    LlamaForCausalLM(config).save_pretrained(str(target), safe_serialization=True)
-    tokenizer.save_pretrained(str(target))
+
+
+def written(target: Path) -> None:
+    """Print the files under ``target``, relative, one per line."""
+    for path in sorted(target.rglob("*")):
+        if path.is_file():
+            print(path.relative_to(target))
+
+
+def main(target: Path, seed: int) -> None:
+    import torch  # type: ignore[import-not-found]  # the plugin environment's, not Werk's
+    from transformers import LlamaForCausalLM
+
+    target.mkdir(parents=True, exist_ok=True)
+    built = tokenizer()
+    torch.manual_seed(seed)
+    LlamaForCausalLM(text_config(built)).save_pretrained(str(target), safe_serialization=True)
+    built.save_pretrained(str(target))
     (target / "werk-demo.json").write_text(
         json.dumps({"kind": "transformers", "seed": seed}, sort_keys=True) + "\n",
         encoding="utf-8",
     )
-    for path in sorted(target.rglob("*")):
-        if path.is_file():
-            print(path.relative_to(target))
+    written(target)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def test_residency_is_never_claimed(monkeypatch: pytest.MonkeyPatch) -> None:
     but keeps nothing; without any MLX python the row says what to install."""
     row = _residency()
     assert row.status.value == "unsupported" and "nothing stays loaded" in row.reason
-    monkeypatch.setattr(_plugin(), "locate", _no_mlx)
+    monkeypatch.setitem(_plugin().LOCATORS, "mlx", _no_mlx)
     missing = _residency()
     assert missing.status.value == "unavailable"
     assert missing.reason == "MLX and mlx-lm are not installed; run `werk backends install mlx`"

@@ -4,12 +4,15 @@ The demo is the host's tiny Llama, loaded by ``mlx_lm.load`` as it is."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from werk.testing.server import WerkServer, werk_serve
 pytestmark = pytest.mark.slow
 
 WERK = Path(sys.executable).parent / "werk"
-MODEL = "tiny-mlx"
+MODEL, VLM = "tiny-mlx", "tiny-vlm"
 KEY = "mlx-key-0123456789abcdef"
 
 
@@ -43,17 +46,18 @@ def _env(home: Path) -> dict[str, str]:
 def mlx_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("mlx") / "home"
     home.mkdir()
-    made = subprocess.run(
-        [str(WERK), "models", "create-demo", "--kind", "mlx", "--id", MODEL],
-        env=_env(home), capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
+    for kind, model in (("mlx", MODEL), ("mlx-vlm", VLM)):
+        made = subprocess.run(
+            [str(WERK), "models", "create-demo", "--kind", kind, "--id", model],
+            env=_env(home), capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
     return home
 
 
 @pytest.fixture(scope="module")
 def served(mlx_home: Path) -> Iterator[WerkServer]:
-    args = ["--model", MODEL, "--api-key", KEY]
+    args = ["--model", MODEL, "--model", VLM, "--api-key", KEY]
     with werk_serve(mlx_home, None, args, env={"WERK_BACKENDS_DIR": _backends()}) as server:
         yield server
 
@@ -121,9 +125,70 @@ def test_a_client_that_leaves_ends_its_runner(served: WerkServer) -> None:
     assert _runners(served) == []
 
 
-def test_the_conformance_kit_passes_from_a_shell(mlx_home: Path) -> None:
+def _png(colour: tuple[int, int, int]) -> str:
+    """A 1x1 PNG of ``colour`` as a data URL (written by hand: zlib and CRC from the stdlib)."""
+    raw = b"\x00" + bytes(colour)
+    chunks = [
+        (b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)),
+        (b"IDAT", zlib.compress(raw)),
+        (b"IEND", b""),
+    ]
+    body = b"".join(
+        struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        for kind, data in chunks
+    )
+    return "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + body).decode()
+
+
+def _ask(served: WerkServer, colour: tuple[int, int, int] | None, **fields: Any) -> Any:
+    content: list[dict[str, Any]] = [{"type": "text", "text": "What colour is this?"}]
+    if colour is not None:
+        content.append({"type": "image_url", "image_url": {"url": _png(colour)}})
+    body = {"model": VLM, "messages": [{"role": "user", "content": content}],
+            "max_tokens": 10, "temperature": 0} | fields  # fmt: skip
+    with served.client(KEY, timeout=300) as http:
+        return http.post("/v1/chat/completions", json=body)
+
+
+def test_mlx_vlm_answers_about_an_image_and_the_image_matters(served: WerkServer) -> None:
+    red = _ask(served, (255, 0, 0))
+    assert red.status_code == 200, red.text
+    usage = red.json()["usage"]
+    text_only = _ask(served, None).json()
+    assert usage["prompt_tokens"] == text_only["usage"]["prompt_tokens"] + 17  # 16 + newline
+    answers = {
+        colour: _ask(served, colour).json()["choices"][0]["message"]["content"]
+        for colour in ((255, 0, 0), (0, 0, 255))
+    }
+    assert answers[(255, 0, 0)] == red.json()["choices"][0]["message"]["content"]  # greedy
+    assert answers[(255, 0, 0)] != answers[(0, 0, 255)]  # the pixels reach the model
+    streamed = _ask(served, (255, 0, 0), stream=True)
+    lines = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert (
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        == answers[(255, 0, 0)]
+    )
+    remote = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    with served.client(KEY) as http:
+        refused = http.post(
+            "/v1/chat/completions",
+            json={"model": VLM, "messages": [{"role": "user", "content": [remote]}]},
+        )
+    assert refused.status_code == 400 and "fetches no remote image" in refused.text
+    with served.client(KEY) as http:
+        text_model = http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": _png((1, 2, 3))}}]}]},
+        )  # fmt: skip
+    assert text_model.status_code == 501 and "serves text" in text_model.text
+
+
+@pytest.mark.parametrize(("backend", "model"), [("mlx", MODEL), ("mlx-vlm", VLM)])
+def test_the_conformance_kit_passes_from_a_shell(mlx_home: Path, backend: str, model: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "werk.testing", "--backend", "mlx", "--model", MODEL],
+        [sys.executable, "-m", "werk.testing", "--backend", backend, "--model", model],
         env=_env(mlx_home), capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

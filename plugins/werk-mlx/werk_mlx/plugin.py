@@ -1,6 +1,11 @@
-"""Werk hook implementations for backend ``mlx``: text generation with MLX (``mlx-lm``), the
-seed's "MLX / MLX-VLM" row — the configured command or Python module is invoked per request; no
-Werk resident model cache (the process reloads the model); no cross-request prefix or KV reuse.
+"""Werk hook implementations for backends ``mlx`` (text generation with ``mlx-lm``) and
+``mlx-vlm`` (text and image input with MLX-VLM), the seed's "MLX / MLX-VLM" row — the configured
+command or Python module is invoked per request; no Werk resident model cache (the process
+reloads the model); no cross-request prefix or KV reuse.
+
+``mlx-vlm`` takes OpenAI ``image_url`` content parts with ``data:`` URLs (nothing is fetched);
+its runner (``_vlm_runner.py``) runs in the mlx-vlm environment, with the Transformers version
+MLX-VLM works with; ``WERK_MLX_VLM_CONCURRENCY`` bounds its runners.
 
 Each request starts a runner (:class:`werk.RunnerModel`, the host's runner contract): the
 model's ``runner`` option when given (any command that speaks the contract), else the bundled
@@ -27,6 +32,7 @@ from werk import (
     CapabilityStatus,
     DemoModel,
     EnvironmentSpec,
+    FoundPython,
     ModelSpec,
     OpenAICall,
     OpenAIReply,
@@ -38,24 +44,29 @@ from werk import (
     hookimpl,
 )
 
-from .environment import locate
+from .environment import locate, locate_vlm
 
-BACKEND = "mlx"
-RUNNER_SCRIPT = Path(__file__).with_name("_runner.py")
-CONCURRENCY_ENV = "WERK_MLX_CONCURRENCY"
+BACKEND, VLM = "mlx", "mlx-vlm"
+RUNNERS = {BACKEND: "_runner.py", VLM: "_vlm_runner.py"}
+LOCATORS: dict[str, Callable[[], FoundPython]] = {BACKEND: locate, VLM: locate_vlm}
+CONCURRENCY = {BACKEND: "WERK_MLX_CONCURRENCY", VLM: "WERK_MLX_VLM_CONCURRENCY"}
 
 
-def _bundled_runner() -> list[str]:
-    return [str(locate().python), str(RUNNER_SCRIPT)]
+def _bundled_runner(backend: str) -> Callable[[], list[str]]:
+    script = Path(__file__).with_name(RUNNERS[backend])
+    return lambda: [str(LOCATORS[backend]().python), str(script)]
 
 
 async def start_runtime(spec: ModelSpec) -> Runtime:
     """Nothing runs until a request; the runner's command and options are checked here."""
     model = RunnerModel.of(
-        spec, kind=BACKEND, default=_bundled_runner, concurrency_setting=CONCURRENCY_ENV
+        spec,
+        kind=spec.backend,
+        default=_bundled_runner(spec.backend),
+        concurrency_setting=CONCURRENCY[spec.backend],
     )
     return Runtime(
-        backend=BACKEND, model=spec, generation="runner_" + secrets.token_hex(8), handle=model
+        backend=spec.backend, model=spec, generation="runner_" + secrets.token_hex(8), handle=model
     )
 
 
@@ -75,19 +86,30 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
             routes=("chat.completions", "completions"),
         )
     )
+    register(
+        BackendDescriptor(
+            name=VLM,
+            formats=("hf", "mlx"),
+            description="MLX-VLM text and image input, a process per request",
+            start=start_runtime,
+            stop=stop_runtime,
+            routes=("chat.completions", "completions"),
+        )
+    )
 
 
 @hookimpl
 def werk_backend_environments() -> list[EnvironmentSpec]:
-    """``werk backends install mlx``: MLX, mlx-lm (and torch for the demo)."""
-    from .environment import environment_spec
+    """``werk backends install mlx``: MLX, mlx-lm (and torch for the demo); ``mlx-vlm``: MLX-VLM
+    with its Transformers."""
+    from .environment import environment_spec, vlm_environment_spec
 
-    return [environment_spec()]
+    return [environment_spec(), vlm_environment_spec()]
 
 
 @hookimpl
 def werk_demo_models() -> list[DemoModel]:
-    """``werk models create-demo --kind mlx``."""
+    """``werk models create-demo --kind mlx|mlx-vlm``."""
     from .demos import DEMOS
 
     return list(DEMOS)
@@ -95,12 +117,12 @@ def werk_demo_models() -> list[DemoModel]:
 
 @hookimpl
 def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
-    if context.backend != BACKEND:
+    if context.backend not in RUNNERS:
         return []
     source = "the model's runner option"
     if context.model is None or "runner" not in context.model.options:
         try:
-            source = f"its python from {locate().source}"
+            source = f"its python from {LOCATORS[context.backend]().source}"
         except WerkError as exc:
             return [
                 CapabilityReport(
@@ -113,8 +135,8 @@ def werk_capabilities(context: CapabilityContext) -> list[CapabilityReport]:
         CapabilityReport(
             id=CapabilityId.MODEL_RESIDENCY,
             status=CapabilityStatus.UNSUPPORTED,
-            reason=f"each request starts an MLX runner ({source}) that loads the model and exits "
-            "after it; nothing stays loaded",
+            reason=f"each request starts an {context.backend} runner ({source}) that loads the "
+            "model and exits after it; nothing stays loaded",
         )
     ]
 
@@ -125,5 +147,5 @@ async def werk_openai(runtime: Runtime, call: OpenAICall) -> OpenAIReply | None:
     handle = runtime.handle
     if not isinstance(handle, RunnerModel):
         return None
-    args = generation_args(call, BACKEND)
+    args = generation_args(call, runtime.backend, images=runtime.backend == VLM)
     return await generation_reply(call, runtime.model.id, handle.run(args))
