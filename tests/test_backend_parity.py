@@ -1,4 +1,5 @@
-"""The same tiny weights through three engines behind one real ``werk serve``: Transformers
+"""Every text backend of the Transformers, ONNX and MLX plugins behind one real ``werk serve``,
+and the same tiny weights through three engines: Transformers
 (``transformers``, its own forward pass), ONNX Runtime GenAI (``onnx-genai``, the model converted
 by its builder) and MLX (``mlx``, ``mlx_lm.load`` of the same folder). Greedy decoding must give
 identical token ids (vLLM's ``return_token_ids``), whole and streamed — the strongest evidence
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.slow
 WERK = Path(sys.executable).parent / "werk"
 KEY = "parity-key-0123456789abcdef"
 MODELS = {"transformers": "llama-torch", "onnx": "llama-onnx", "mlx": "llama-mlx"}
+RUNNER, VLM = "llama-onnx-runner", "llava-mlx"
 
 
 def _backends() -> str:
@@ -45,7 +47,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WerkServer]:
             env=env, capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
-    args = [a for m in MODELS.values() for a in ("--model", m)] + ["--api-key", KEY]
+    more = (
+        ["models", "create-demo", "--kind", "mlx-vlm", "--id", VLM],
+        ["models", "import", str(home / "models" / "files" / MODELS["onnx"]), "--id", RUNNER,
+         "--backend", "onnx-runner"],
+    )  # fmt: skip
+    for command in more:
+        done = subprocess.run(
+            [str(WERK), *command], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr
+    models = [*MODELS.values(), RUNNER, VLM]
+    args = [a for m in models for a in ("--model", m)] + ["--api-key", KEY]
     with werk_serve(home, None, args, env={"WERK_BACKENDS_DIR": _backends()}) as server:
         yield server
 
@@ -82,3 +95,44 @@ def test_greedy_token_ids_are_the_same_in_all_three_engines(
     assert completions["transformers"]  # (it may stop before 16 at the end-of-turn token)
     assert prompts["onnx"] == prompts["transformers"] == prompts["mlx"], prompts
     assert completions["onnx"] == completions["transformers"] == completions["mlx"], completions
+
+
+RED = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AA"
+    "AAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("model", "backend"),
+    [
+        (MODELS["transformers"], "transformers"),
+        (MODELS["onnx"], "onnx-genai"),
+        (RUNNER, "onnx-runner"),
+        (MODELS["mlx"], "mlx"),
+        (VLM, "mlx-vlm"),
+    ],
+)
+def test_each_backend_answers_a_chat_in_the_same_server(
+    served: WerkServer, model: str, backend: str, stream: bool
+) -> None:
+    content: Any = "Hello"
+    if backend == "mlx-vlm":
+        content = [
+            {"type": "text", "text": "Hello"},
+            {"type": "image_url", "image_url": {"url": RED}},
+        ]
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
+            "max_tokens": 6, "temperature": 0, "stream": stream}  # fmt: skip
+    with served.client(KEY, timeout=300) as http:
+        response = http.post("/v1/chat/completions", json=body)
+        runtimes = http.get("/werk/v1/runtimes").json()["runtimes"]
+    assert response.status_code == 200, response.text
+    assert {r["model"]: r["backend"] for r in runtimes}[model] == backend
+    if not stream:
+        assert response.json()["choices"][0]["finish_reason"] in ("length", "stop")
+        return
+    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert lines[-1] == "[DONE]" and chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
