@@ -315,7 +315,13 @@ def test_a_model_directory_is_imported_with_every_file_under_it(
     (llm / "model.bin").write_bytes(b"\0" * 64)
     ambiguous = run("models", "import", str(llm), "--id", "llm", home=werk_home)
     assert ambiguous.returncode == 1
-    assert "can be served by media, mlx, transformers, vllm; pass --backend" in ambiguous.stderr
+    hf = sorted(
+        name
+        for name, d in werk.get_plugin_manager().backends.items()
+        if {"hf", "transformers"} & set(d.formats)
+    )
+    assert {"media", "transformers", "vllm"} <= set(hf)  # the bundled ones that take it
+    assert f"can be served by {', '.join(hf)}; pass --backend" in ambiguous.stderr
     chosen = run("models", "import", str(llm), "--id", "llm", "--backend", "vllm", home=werk_home)
     assert chosen.returncode == 0, chosen.stderr
     empty = tmp_path / "empty"

@@ -125,6 +125,24 @@ def test_a_client_that_leaves_ends_its_runner(served: WerkServer) -> None:
     assert _runners(served) == []
 
 
+def test_sigkill_of_werk_serve_mid_generation_leaves_no_runner(mlx_home: Path) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 2000, "temperature": 0, "stream": True}  # fmt: skip
+    args = ["--model", MODEL, "--api-key", KEY]
+    with werk_serve(mlx_home, None, args, env={"WERK_BACKENDS_DIR": _backends()}) as server:
+        with (
+            server.client(KEY, timeout=300) as http,
+            http.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            lines = response.iter_lines()
+            assert [next(lines) for _ in range(4)]
+            (runner,) = _runners(server)
+            server.process.send_signal(signal.SIGKILL)
+            server.process.wait()
+        runner.wait(timeout=30)  # its parent's death signal: no runner outlives werk serve
+        assert not psutil.pid_exists(runner.pid) or runner.status() == psutil.STATUS_ZOMBIE
+
+
 def _png(colour: tuple[int, int, int]) -> str:
     """A 1x1 PNG of ``colour`` as a data URL (written by hand: zlib and CRC from the stdlib)."""
     raw = b"\x00" + bytes(colour)

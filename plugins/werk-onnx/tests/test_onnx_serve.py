@@ -17,6 +17,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -156,6 +157,42 @@ def test_a_worker_killed_mid_generation_fails_and_the_next_request_starts_cold(
     assert chat(served, GENAI).status_code == 200
     (fresh,) = served.children("werk_onnx/_worker.py", "onnx-genai")
     assert fresh.pid != worker.pid
+
+
+def _long_stream(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 2000, "temperature": 0, "stream": True}  # fmt: skip
+
+
+def test_a_runner_killed_mid_generation_fails_and_the_next_request_works(
+    served: WerkServer,
+) -> None:
+    with (
+        served.client(KEY, timeout=300) as http,
+        http.stream("POST", "/v1/chat/completions", json=_long_stream(RUNNER)) as response,
+    ):
+        lines = response.iter_lines()
+        assert [next(lines) for _ in range(4)]
+        (runner,) = served.children("werk_onnx/_runner.py", "onnx-runner")
+        runner.send_signal(signal.SIGKILL)
+        rest = list(lines)
+    assert any("the onnx-runner runner exited without a result" in line for line in rest)
+    assert chat(served, RUNNER).status_code == 200
+
+
+def test_sigkill_of_werk_serve_mid_generation_leaves_no_runner(custom_home: Path) -> None:
+    for server in _serve(custom_home):
+        with (
+            server.client(KEY, timeout=300) as http,
+            http.stream("POST", "/v1/chat/completions", json=_long_stream(RUNNER)) as reply,
+        ):
+            lines = reply.iter_lines()
+            assert [next(lines) for _ in range(4)]
+            (runner,) = server.children("werk_onnx/_runner.py", "onnx-runner")
+            server.process.send_signal(signal.SIGKILL)
+            server.process.wait()
+        runner.wait(timeout=30)  # its parent's death signal: no runner outlives werk serve
+        assert not psutil.pid_exists(runner.pid) or runner.status() == psutil.STATUS_ZOMBIE
 
 
 def _lru(home: Path, cache_size: str) -> tuple[str, str]:
