@@ -45,6 +45,7 @@ import msgspec
 from ._fs import replace_private_file
 from .config import backends_dir, werk_home
 from .protocol import CapabilityId, Conflict, InvalidRequest, Unavailable
+from .source_wheels import SourceWheel, build_source_wheel
 
 __all__ = [
     "EnvironmentSpec",
@@ -79,6 +80,9 @@ class EnvironmentSpec(msgspec.Struct, frozen=True, kw_only=True):
     :ivar present: modules that must be found (``importlib.util.find_spec``) but are not
         imported by the check (a package whose import needs a shim its worker installs).
     :ivar environment: extra environment variables for pip and the import check.
+    :ivar source_wheels: distributions built from source on this machine
+        (:class:`werk.SourceWheel`; cached in the user cache, reused by later installs) and
+        installed with the ``requirements``.
     """
 
     name: str
@@ -89,11 +93,12 @@ class EnvironmentSpec(msgspec.Struct, frozen=True, kw_only=True):
     imports: tuple[str, ...] = ()
     present: tuple[str, ...] = ()
     environment: Mapping[str, str] = msgspec.field(default_factory=dict)
+    source_wheels: tuple[SourceWheel, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not set(self.name) <= _NAME_CHARS:
             raise ValueError(f"environment name {self.name!r} must be lower-case [a-z0-9_-]")
-        if not self.requirements:
+        if not self.requirements and not self.source_wheels:
             raise ValueError(f"environment {self.name!r} needs at least one requirement")
 
     def digest(self) -> str:
@@ -111,6 +116,8 @@ class EnvironmentSpec(msgspec.Struct, frozen=True, kw_only=True):
             asked["without_dependencies"] = list(self.without_dependencies)
         if self.present:
             asked["present"] = list(self.present)
+        if self.source_wheels:
+            asked["source_wheels"] = [wheel.key() for wheel in self.source_wheels]
         body = json.dumps(asked, sort_keys=True)
         return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
@@ -260,10 +267,11 @@ class ManagedEnvironment:
         return self.status(spec)
 
     def _steps(self, spec: EnvironmentSpec) -> list[str]:
-        steps = [
-            "create the virtual environment",
-            f"pip install {len(spec.requirements)} requirement(s)",
-        ]
+        steps = ["create the virtual environment"]
+        steps += [f"build (or reuse) the {wheel.name} wheel" for wheel in spec.source_wheels]
+        steps.append(
+            f"pip install {len(spec.requirements) + len(spec.source_wheels)} requirement(s)"
+        )
         if spec.without_dependencies:
             steps.append(f"pip install --no-deps {', '.join(spec.without_dependencies)}")
         if spec.remove:
@@ -283,12 +291,27 @@ class ManagedEnvironment:
             self._run(
                 index, total, steps[0], [str(base), "-m", "venv", str(target)], env, log, report
             )
+            wheels: list[str] = []
+            for wheel in spec.source_wheels:
+                index += 1
+                wheels.append(
+                    self._source_wheel(index, total, steps[index - 1], wheel, python, log, report)
+                )
             index += 1
             self._run(
                 index,
                 total,
-                steps[1],
-                [str(python), "-m", "pip", "install", "--progress-bar", "off", *spec.requirements],
+                steps[index - 1],
+                [
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--progress-bar",
+                    "off",
+                    *spec.requirements,
+                    *wheels,
+                ],
                 env,
                 log,
                 report,
@@ -330,6 +353,25 @@ class ManagedEnvironment:
                 check = "import importlib.util; " + check
             check = check or "pass"
             self._run(index, total, steps[index - 1], [str(python), "-c", check], env, log, report)
+
+    def _source_wheel(
+        self,
+        index: int,
+        total: int,
+        label: str,
+        wheel: SourceWheel,
+        python: Path,
+        log: TextIO,
+        report: Progress,
+    ) -> str:
+        report(InstallStep(index, total, label))
+        log.write(f"# {label}\n")
+        log.flush()
+
+        def line(text: str) -> None:
+            report(InstallStep(index, total, label, text[:200]))
+
+        return str(build_source_wheel(wheel, python=python, report=line, log_path=self.log_path))
 
     def _run(
         self,

@@ -39,6 +39,12 @@ def environment_specs(pm: WerkPluginManager) -> dict[str, tuple[str, Environment
     )
 
 
+def _requirements(spec: EnvironmentSpec) -> list[str]:
+    """What the environment installs; a wheel built from source says so."""
+    built = [f"{wheel.requirement()} (built from source)" for wheel in spec.source_wheels]
+    return [*spec.requirements, *built]
+
+
 @backends_app.command("list")
 def list_environments(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -65,7 +71,7 @@ def list_environments(
                         "state": status.state.value,
                         "path": str(status.path),
                         "installed_at": status.installed_at,
-                        "requirements": list(spec.requirements),
+                        "requirements": _requirements(spec),
                         "detail": status.detail,
                     }
                     for name, plugin, spec, status in found
@@ -80,7 +86,7 @@ def list_environments(
         "Backend environments",
         ["NAME", "PLUGIN", "STATE", "REQUIREMENTS", "DETAIL"],
         [
-            (name, plugin, status.state.value, " ".join(spec.requirements), status.detail)
+            (name, plugin, status.state.value, " ".join(_requirements(spec)), status.detail)
             for name, plugin, spec, status in found
         ],
     )
