@@ -222,3 +222,21 @@ def test_an_image_that_is_not_an_inline_image_is_refused(url: str, text: str) ->
     body = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
     with pytest.raises(InvalidRequest, match=re.escape(text)):
         generation_args(OpenAICall(route="chat.completions", body=body), "vlm", images=True)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_cached_tokens_a_generator_reports_reach_the_usage(stream: bool) -> None:
+    result = {"finish_reason": "stop", "usage": {"prompt_tokens": 9, "completion_tokens": 3}}
+    cached = result | {"usage": result["usage"] | {"cached_tokens": 6}}
+    call = _call(stream, stream_options={"include_usage": True})
+    reply = await generation_reply(call, "m", _generation(_Events(EVENTS, cached)))
+    if stream:
+        assert reply.stream is not None
+        usage = [json.loads(p) async for p in reply.stream][-1]["usage"]
+    else:
+        assert reply.body is not None
+        usage = reply.body["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 6}
+    plain = await generation_reply(_call(False), "m", _generation(_Events(EVENTS, result)))
+    assert plain.body is not None and "prompt_tokens_details" not in plain.body["usage"]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import PROTOCOL_VERSION, __version__
 
 if TYPE_CHECKING:
+    from ._companion.werk_companion_frames import GeneratedText
     from ._fs import (
         create_private_file,
         fsync_dir,
@@ -127,6 +128,7 @@ if TYPE_CHECKING:
         storage_refusal,
     )
     from .runner import RunnerModel, RunnerStream, run_generation
+    from .source_wheels import SourceWheel
     from .supervise import (
         ProcessExited,
         SupervisedProcess,
@@ -187,6 +189,8 @@ _HOME: dict[str, str] = {
     "DemoRequest": ".demos",
     "tiny_llama_script": ".demos",
     "EnvironmentSpec": ".environments",
+    "SourceWheel": ".source_wheels",
+    "GeneratedText": "._companion.werk_companion_frames",
     "GenerationEvents": ".generation_reply",
     "generation_reply": ".generation_reply",
     "generation_args": ".generation_request",
@@ -299,6 +303,7 @@ __all__ = [
     "ExpertTier",
     "FinishReason",
     "FoundPython",
+    "GeneratedText",
     "GenerationEvents",
     "IncompatibleState",
     "InstallStep",
@@ -344,6 +349,7 @@ __all__ = [
     "Runtime",
     "RuntimeEnded",
     "RuntimeRequirement",
+    "SourceWheel",
     "StateKind",
     "StateProbe",
     "SupervisedProcess",

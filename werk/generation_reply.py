@@ -4,10 +4,11 @@ generator's text deltas arrive.
 The generator (a companion worker's streamed ``execute``, a per-request runner) is a
 :class:`GenerationEvents`: an async iterator of events ``{"text": DELTA, "ids": [TOKEN, ...]}``
 that, once exhausted, holds its ``result``: ``{"finish_reason": "stop"|"length", "usage":
-{"prompt_tokens": N, "completion_tokens": M}}``, with ``"prompt_ids"`` when the request asked
-for ``return_token_ids``, or ``{"refused": TEXT}`` for a request it cannot serve (a prompt longer
-than the context: ``400``, the generator stays usable). :func:`generation_reply` turns one into
-the :class:`werk.OpenAIReply` for a call.
+{"prompt_tokens": N, "completion_tokens": M}}`` (and ``"cached_tokens": C`` when the generator
+reused C prompt tokens: the reply's ``usage.prompt_tokens_details``), with ``"prompt_ids"`` when
+the request asked for ``return_token_ids``, or ``{"refused": TEXT}`` for a request it cannot
+serve (a prompt longer than the context: ``400``, the generator stays usable).
+:func:`generation_reply` turns one into the :class:`werk.OpenAIReply` for a call.
 
 With ``return_token_ids`` (vLLM's field, 0.10.2 and later) a whole reply carries the choice's
 ``token_ids`` and the top-level ``prompt_token_ids``; a stream carries each chunk's
@@ -77,7 +78,7 @@ class _Reply:
                 payload["prompt_token_ids"] = prompt_ids
         return json.dumps(payload).encode()
 
-    def usage_chunk(self, usage: dict[str, int]) -> bytes:
+    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         return json.dumps(self._envelope(kind) | {"choices": [], "usage": usage}).encode()
 
@@ -102,14 +103,17 @@ def _ids(value: Any) -> list[int]:
     return [int(i) for i in value] if isinstance(value, list) else []
 
 
-def _usage(result: dict[str, Any]) -> dict[str, int]:
+def _usage(result: dict[str, Any]) -> dict[str, Any]:
     usage = result.get("usage") or {}
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return {
+    counts: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if "cached_tokens" in usage:  # a generator that reuses a prompt prefix says how much
+        counts["prompt_tokens_details"] = {"cached_tokens": int(usage["cached_tokens"])}
+    return counts
 
 
 def _refusal(result: dict[str, Any] | None) -> None:
