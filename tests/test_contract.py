@@ -57,6 +57,26 @@ def test_a_plugin_without_state_hooks_gets_every_state_row_unsupported_naming_th
     assert CapabilityId.MODEL_RESIDENCY not in rows
 
 
+def test_a_ram_tier_claim_is_kept_only_for_a_backend_whose_states_are_in_werk() -> None:
+    claim = [
+        CapabilityReport(
+            id=CapabilityId.STATE_TIER_RAM, status=CapabilityStatus.EXPERIMENTAL, reason="probed"
+        )
+    ]
+    hooks = ["werk_prefill", "werk_decode"]
+
+    def row(**kw: bool) -> CapabilityReport:
+        rows = complete_rows(claim, hooks=(kw.pop("hooks", True) and hooks) or [], backend="b",
+                             model="m", can_start=True, **kw)  # fmt: skip
+        return _by_id(rows)[CapabilityId.STATE_TIER_RAM]
+
+    assert row(states_in_process=True).status is CapabilityStatus.EXPERIMENTAL
+    assert row(states_in_process=False).status is CapabilityStatus.UNSUPPORTED
+    lowered = row(states_in_process=True, hooks=False)
+    assert lowered.status is CapabilityStatus.UNSUPPORTED
+    assert "no hook" in (lowered.reason or "")
+
+
 def test_a_backend_that_cannot_start_is_not_resident() -> None:
     rows = _by_id(complete_rows([], hooks=[], backend="b", model=None, can_start=False))
     row = rows[CapabilityId.MODEL_RESIDENCY]

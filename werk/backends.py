@@ -224,6 +224,10 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
         models import`` calls it before writing the manifest, so a file the backend cannot load
         is refused with its reason (raise :class:`werk.InvalidRequest`); ``werk models show``
         prints what it returns.
+    :ivar states_in_process: its live states are objects inside ``werk serve`` (an in-process
+        engine, not a child process): ``retention: memory`` then keeps them as named states of
+        tier ``ram``, their bytes reserved in Werk's memory accounting, and the plugin may
+        claim ``runtime.state.tier.ram`` (requires ``werk_prefill``).
     """
 
     name: str
@@ -234,6 +238,7 @@ class BackendDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     routes: tuple[OpenAIRoute, ...] = ("chat.completions", "completions")
     requirement: Callable[[ModelSpec], Awaitable[RuntimeRequirement | None]] | str | None = None
     inspect: Callable[[ModelSpec], ModelFacts] | str | None = None
+    states_in_process: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():

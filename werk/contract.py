@@ -9,6 +9,9 @@ reports what a missing hook rules out:
   ``unsupported`` with a reason naming the missing hook (:func:`complete_rows`);
 * a row the plugin reports ``supported`` or ``experimental`` although a hook it needs is
   missing is lowered to ``unsupported`` — the host never reports more than the plugin can do.
+  ``runtime.state.tier.ram`` has no hook of its own: the host keeps such states itself, so only
+  a backend registered with ``states_in_process`` (its states are objects in ``werk serve``)
+  and ``werk_prefill`` may claim it.
 
 Rows the plugin does report for capabilities it can serve (``unavailable`` with a reason,
 ``externally_managed``, ``metadata_only``, …) are kept as they are: the plugin knows more.
@@ -73,6 +76,7 @@ def complete_rows(
     backend: str,
     model: str | None,
     can_start: bool,
+    states_in_process: bool = False,
 ) -> list[CapabilityReport]:
     """The plugin's rows, corrected and completed from what its hooks make possible.
 
@@ -81,8 +85,10 @@ def complete_rows(
     :param backend: the backend the rows are for.
     :param model: the model id, or ``None`` for backend-wide rows.
     :param can_start: whether the backend registered ``start``/``stop``.
+    :param states_in_process: whether the backend registered ``states_in_process``.
     """
     hooks = list(hooks)
+    ram_states = states_in_process and Operation.PREFILL.value in hooks
     out: list[CapabilityReport] = []
     reported: set[str] = set()
     for row in rows:
@@ -92,6 +98,9 @@ def complete_rows(
             out.append(row)
             continue
         capability = CapabilityId(row.id)
+        if capability is CapabilityId.STATE_TIER_RAM and ram_states:
+            out.append(row)  # held in Werk's own volatile store
+            continue
         missing = _missing(capability, hooks)
         if not needed or missing:
             out.append(

@@ -403,6 +403,7 @@ class WerkPluginManager(pluggy.PluginManager):
             backend=context.backend,
             model=model_id,
             can_start=descriptor is not None and descriptor.start is not None,
+            states_in_process=descriptor is not None and descriptor.states_in_process,
         )
 
     async def call_operation(self, operation: Operation, runtime: Runtime, **kwargs: Any) -> Any:

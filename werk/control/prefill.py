@@ -441,16 +441,20 @@ class PrefillFlow:
         a disk state records its prompt's prefix fingerprints (``prefixes()``)."""
         if tier is None:
             return None
-        if tier is Tier.BACKEND:
-            entry = self.s.volatile.add(
-                principal=principal,
-                envelope=envelope,
-                model=spec.id,
-                backend=spec.backend,
-                fingerprint=fingerprint,
-                state=state,
-                ttl_seconds=ttl_seconds,
-                pinned=pin,
+        if tier in (Tier.BACKEND, Tier.RAM):
+            # A ram state reserves its bytes (in a worker thread: relief comes back here).
+            entry = await anyio.to_thread.run_sync(
+                lambda: self.s.volatile.add(
+                    principal=principal,
+                    envelope=envelope,
+                    model=spec.id,
+                    backend=spec.backend,
+                    fingerprint=fingerprint,
+                    state=state,
+                    ttl_seconds=ttl_seconds,
+                    pinned=pin,
+                    tier=tier,
+                )
             )
             return entry.summary(reusable=True)
         if tier is not Tier.DISK:

@@ -132,12 +132,12 @@ class LocalControlService(WerkControl):
             backends=pm.backends,
         )
         self.catalog = StateCatalog(config.home, clock=clock)
-        self.volatile = VolatileStates(clock=clock)
+        self.memory_manager = memory if memory is not None else MemoryManager()
+        self.volatile = VolatileStates(clock=clock, memory=self.memory_manager)
         self.handoffs = HandoffRegistry(config.namespace_key, clock=clock)
         self.accounting = ReuseAccounting(clock)
         self.commit_latency = Histogram()
         self.restore_latency = Histogram()
-        self.memory_manager = memory if memory is not None else MemoryManager()
         for name, descriptor in pm.backends.items():
             self.memory_manager.set_participant(name, descriptor.requirement is not None)
         self.runtimes = RuntimeManager(

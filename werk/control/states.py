@@ -84,6 +84,11 @@ _TIER_CAPABILITY = {
 }
 
 
+_VOLATILE_TIERS = (Tier.BACKEND, Tier.RAM)
+"""Tiers of the volatile index (``ram``: states of in-process backends); the catalog holds
+``disk``."""
+
+
 class StateViews:
     def __init__(self, service: ServiceContext) -> None:
         self.s = service
@@ -140,11 +145,15 @@ class StateViews:
         store reads the metadata of that page only)."""
         self.s.forget_dead_generations()
         entries: list[StoredState | VolatileState] = []
-        if query.tier in (None, Tier.BACKEND):
+        if query.tier in (None, *_VOLATILE_TIERS):
             volatile = self.s.volatile.entries(principal, model=query.model, pinned=query.pinned)
-            entries += [v for v in volatile if query.after is None or v.id > query.after]
+            entries += [
+                v
+                for v in volatile
+                if (query.after is None or v.id > query.after) and query.tier in (None, v.tier)
+            ]
         more_stored = False
-        if query.tier is not Tier.BACKEND:
+        if query.tier not in _VOLATILE_TIERS:
             if query.limit is None and query.after is None:
                 stored = await anyio.to_thread.run_sync(
                     lambda: self.s.catalog.list(
@@ -214,7 +223,7 @@ class StateViews:
             return [e for e in entries if e.id in wanted]
         if request.filter is not None:
             f = request.filter
-            if f.tier is not None and f.tier is not Tier.BACKEND:
+            if f.tier is not None and f.tier not in _VOLATILE_TIERS:
                 return []
             if f.expired:  # expired volatile states are already gone from the index
                 return []
@@ -223,6 +232,7 @@ class StateViews:
                 e
                 for e in entries
                 if (f.model is None or e.model == f.model)
+                and (f.tier is None or e.tier is f.tier)
                 and (f.older_than_seconds is None or now - e.created_at >= f.older_than_seconds)
             ]
         return entries  # all

@@ -1,4 +1,9 @@
-"""Volatile named states (tier ``backend``): held live by a backend process, indexed here.
+"""Volatile named states: held live by a backend, indexed here.
+
+Tier ``backend``: the state lives in the backend's process (a llama-server slot). Tier ``ram``:
+the backend runs inside ``werk serve`` (``BackendDescriptor.states_in_process``), so the state
+is an object in this process's memory; its bytes are reserved in the memory manager when it is
+kept (a reservation that does not fit refuses the state) and released when it is dropped.
 
 They live exactly as long as the process generation that holds them: when a runtime dies or
 is replaced, its volatile states are dropped. TTL is stronger than pin, as in the disk catalog.
@@ -12,7 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..backends import BackendState
-from ..protocol import NotFound, ResourceExhausted, StateStatus, StateSummary, Tier, rfc3339
+from ..memory.manager import MemoryManager
+from ..memory.reservations import Allocation
+from ..protocol import (
+    ExpertTier,
+    InvalidRequest,
+    NotFound,
+    ResourceExhausted,
+    StateStatus,
+    StateSummary,
+    Tier,
+    rfc3339,
+)
 from ..state.envelope import Envelope
 from ..state.metadata import new_state_id
 
@@ -34,10 +50,8 @@ class VolatileState:
     expires_at: float | None
     pinned: bool = False
     last_accessed_at: float | None = None
-
-    @property
-    def tier(self) -> Tier:
-        return Tier.BACKEND
+    tier: Tier = Tier.BACKEND
+    allocation: Allocation | None = field(default=None, repr=False)
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -47,7 +61,7 @@ class VolatileState:
             id=self.id,
             model=self.model,
             backend=self.backend,
-            tier=Tier.BACKEND,
+            tier=self.tier,
             status=StateStatus.READY,
             logical_bytes=self.state.logical_bytes,
             created_at=rfc3339(self.created_at),
@@ -67,9 +81,11 @@ class VolatileStates:
         *,
         clock: Callable[[], float] = time.time,
         max_per_principal: int = MAX_VOLATILE_PER_PRINCIPAL,
+        memory: MemoryManager | None = None,
     ) -> None:
         self._clock = clock
         self._max = max_per_principal
+        self._memory = memory
         self._lock = threading.Lock()
         self._states: dict[str, VolatileState] = {}
 
@@ -84,12 +100,20 @@ class VolatileStates:
         state: BackendState,
         ttl_seconds: int | None,
         pinned: bool,
+        tier: Tier = Tier.BACKEND,
     ) -> VolatileState:
+        """Index ``state``; tier ``ram`` reserves its ``logical_bytes`` first.
+
+        :raises werk.ResourceExhausted: the caller holds the most volatile states, or the
+            state's bytes do not fit the memory below the hard pressure threshold.
+        """
         now = self._clock()
+        self._release(self._take(lambda s: s.expired(now)))
         with self._lock:
-            self._purge(now)
             if sum(1 for s in self._states.values() if s.principal == principal) >= self._max:
                 raise ResourceExhausted(f"at most {self._max} volatile states per caller")
+        allocation = self._account(state, tier)
+        with self._lock:
             entry = VolatileState(
                 id=new_state_id(),
                 principal=principal,
@@ -101,9 +125,36 @@ class VolatileStates:
                 created_at=now,
                 expires_at=now + ttl_seconds if ttl_seconds is not None else None,
                 pinned=pinned,
+                tier=tier,
+                allocation=allocation,
             )
             self._states[entry.id] = entry
             return entry
+
+    def _account(self, state: BackendState, tier: Tier) -> Allocation | None:
+        if tier is Tier.BACKEND:
+            return None
+        if tier is not Tier.RAM or self._memory is None:
+            raise InvalidRequest(f"volatile states of tier {tier} are not kept here")
+        nbytes = state.logical_bytes
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise InvalidRequest("a state of tier ram must say its size (logical_bytes)")
+        reservation = self._memory.reserve("named state", nbytes, tier=ExpertTier.RAM)
+        return self._memory.commit(reservation, nbytes)
+
+    def _take(self, doomed: Callable[[VolatileState], bool]) -> list[VolatileState]:
+        with self._lock:
+            gone = [s for s in self._states.values() if doomed(s)]
+            for entry in gone:
+                del self._states[entry.id]
+            return gone
+
+    def _release(self, entries: list[VolatileState]) -> None:
+        """Drop the accounting of removed entries (the state itself goes with its last
+        reference)."""
+        for entry in entries:
+            if entry.allocation is not None and self._memory is not None:
+                self._memory.release(entry.allocation, lambda: None)
 
     def entries(
         self, principal: str, *, model: str | None = None, pinned: bool | None = None
@@ -125,8 +176,8 @@ class VolatileStates:
         with self._lock:
             out: dict[tuple[str, str], int] = {}
             for s in self._states.values():
-                status = "expired" if s.expired(now) else "ready"
-                out[("backend", status)] = out.get(("backend", status), 0) + 1
+                key = (s.tier.value, "expired" if s.expired(now) else "ready")
+                out[key] = out.get(key, 0) + 1
             return out
 
     def pinned_generations(self) -> frozenset[str]:
@@ -160,23 +211,14 @@ class VolatileStates:
         return entry
 
     def remove(self, principal: str, state_id: str) -> None:
-        with self._lock:
-            entry = self._states.get(state_id)
-            if entry is not None and entry.principal == principal:
-                del self._states[state_id]
+        self._release(self._take(lambda s: s.id == state_id and s.principal == principal))
 
     def drop_generations(self, live: frozenset[str]) -> int:
         """Forget states whose process generation is no longer live; returns how many."""
-        with self._lock:
-            dead = [k for k, s in self._states.items() if s.envelope.generation not in live]
-            for key in dead:
-                del self._states[key]
-            return len(dead)
+        dead = self._take(lambda s: s.envelope.generation not in live)
+        self._release(dead)
+        return len(dead)
 
     def purge_expired(self) -> None:
-        with self._lock:
-            self._purge(self._clock())
-
-    def _purge(self, now: float) -> None:
-        for key in [k for k, s in self._states.items() if s.expired(now)]:
-            del self._states[key]
+        now = self._clock()
+        self._release(self._take(lambda s: s.expired(now)))

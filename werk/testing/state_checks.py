@@ -1,7 +1,7 @@
 """The kit's state checks: split prefill/decode, a disk state and its restore, a longer prompt
 continuing it (``runtime.state.restore.prefix``), decode's ``stop``/``seed``/``temperature``,
-``auto`` retention, a corrupted payload, and a restore into a later runtime generation
-(``runtime.state.restore.cross_restart``)."""
+``auto`` and ``memory`` retention, a corrupted payload, and a restore into a later runtime
+generation (``runtime.state.restore.cross_restart``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ..protocol import (
     CapabilityStatus,
     DecodeRequest,
     DecodeResponse,
+    ExperimentalOptInRequired,
     FinishReason,
     IncompatibleState,
     InvalidHandoff,
@@ -24,6 +25,8 @@ from ..protocol import (
     Retention,
     Reuse,
     ReuseUnavailable,
+    Unavailable,
+    Unsupported,
 )
 from .describe import describe, is_typed
 from .report import ConformanceReport
@@ -323,6 +326,45 @@ class StateChecks:
                 ""
                 if restored.text == reference.text
                 else f", {restored.text!r} after reuse, {reference.text!r} before"
+            ),
+        )
+
+    async def memory_retention(self, reference: str) -> None:
+        """``retention: memory`` keeps a named state of tier ``ram`` (a backend whose states live
+        in ``werk serve``) that continues like the round trip's state and is reused by a later
+        prefill. A refusal is no failure by itself: the claims check fails it only where the
+        backend claims ``runtime.state.tier.ram``."""
+        name = "memory retention"
+        try:
+            first = await self.prefill(PROMPT, Retention.MEMORY)
+        except (Unsupported, Unavailable, ExperimentalOptInRequired) as exc:
+            self.report.add(name, None, f"refused: {describe(exc, self.plugin)}")
+            return
+        except Exception as exc:
+            self.fail(name, exc)
+            return
+        try:
+            tier = first.state.tier.value if first.state is not None else None
+            kept = await self.decode(first)
+            again = await self.prefill(PROMPT, Retention.MEMORY, Reuse.REQUIRED)
+            reused = await self.decode(again)
+        except Exception as exc:
+            self.fail(name, exc)
+            return
+        ok = (
+            tier == "ram"
+            and kept.text == reference
+            and again.reuse.outcome.value == "reused"
+            and reused.text == reference
+        )
+        self.report.add(
+            name,
+            ok,
+            f"a {tier} state, reuse {again.reuse.outcome.value}"
+            + (
+                ""
+                if kept.text == reused.text == reference
+                else f"; {kept.text!r} then {reused.text!r}, {reference!r} from disk"
             ),
         )
 
