@@ -11,7 +11,7 @@ PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/wer
 	plugins/werk-transformers plugins/werk-onnx plugins/werk-mlx
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 
-.PHONY: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env mlx-vlm-env browser demo serve test lint typecheck pytest screenshots clean
+.PHONY: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env mlx-vlm-env llamacpp-inproc-env browser demo serve test lint typecheck pytest screenshots clean
 
 # The test suite's managed backend environments (multi-gigabyte), cached across runs like the
 # llama-server build; `werk backends install` is a no-op with --if-needed once one is ready.
@@ -61,6 +61,11 @@ mlx-env: setup
 mlx-vlm-env: setup
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install mlx-vlm --if-needed
 
+# llama-cpp-python built from its sdist (CPU, the llama-server build's ISA flags; the wheel is
+# cached under ~/.cache/werk/wheels, so a fresh clone reuses it) for the llamacpp-inproc backend.
+llamacpp-inproc-env: setup
+	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install llamacpp-inproc --if-needed
+
 # Debian's Chromium for the dashboard's browser tests (Playwright drives it through
 # executable_path). Installed when missing, as root; otherwise this says what to install.
 browser:
@@ -91,7 +96,8 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env mlx-vlm-env browser
+pytest: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env mlx-vlm-env \
+		llamacpp-inproc-env browser
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/pytest
 
 # The dashboard screenshots in docs/images/, taken by its browser test.

@@ -183,7 +183,12 @@ def test_duplicate_backend_name_fails_the_second_plugin(fake_dist: FakeDist) -> 
 
 
 def test_load_plugins_restricts_to_one() -> None:
+    # A distribution name loads every entry point it declares (werk-llamacpp has two).
     pm = werk.get_plugin_manager(environ={LOAD_ENV: "werk-llamacpp"})
+    assert [r.name for r in pm.plugin_rows()] == ["werk-llamacpp", "werk-llamacpp:llamacpp-inproc"]
+    assert set(pm.backends) == {"llamacpp", "llamacpp-inproc"}
+    # An entry point name loads that one only.
+    pm = werk.get_plugin_manager(environ={LOAD_ENV: "llamacpp"})
     assert [r.name for r in pm.plugin_rows()] == ["werk-llamacpp"]
     assert set(pm.backends) == {"llamacpp"}
 
