@@ -45,6 +45,7 @@ VALUE_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "DemoModel",
             "DemoRequest",
             "EnvironmentSpec",
+            "SourceWheel",
             "EnvironmentStatus",
             "InstallStep",
             "CacheEntry",
