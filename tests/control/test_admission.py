@@ -16,17 +16,21 @@ import pytest
 import werk
 from werk import (
     BackendDescriptor,
+    BackendState,
     InvalidRequest,
     ModelSpec,
     ResourceExhausted,
     Runtime,
     RuntimeRequirement,
+    StateKind,
     Unavailable,
     hookimpl,
 )
 from werk.control.runtimes import RuntimeManager
+from werk.control.volatile import VolatileStates
 from werk.memory import AcceleratorSample, MemoryManager
-from werk.protocol import CapabilityStatus, HostMemory
+from werk.protocol import CapabilityStatus, HostMemory, Tier
+from werk.state.envelope import Envelope
 from werk.testing.service import local_service
 
 GiB = 1 << 30
@@ -107,9 +111,12 @@ class Setup:
     clock: Clock
     handoffs: set[str]
     pinned: set[str]
+    states: VolatileStates | None = None
 
 
-def setup(sizes: dict[str, int | None], host: Host | None = None) -> Setup:
+def setup(
+    sizes: dict[str, int | None], host: Host | None = None, *, ram_states: bool = False
+) -> Setup:
     backend, clock = Backend(sizes), Clock()
     memory = MemoryManager(
         host_sampler=host or Host(),
@@ -119,6 +126,7 @@ def setup(sizes: dict[str, int | None], host: Host | None = None) -> Setup:
     )
     handoffs: set[str] = set()
     pinned: set[str] = set()
+    states = VolatileStates(memory=memory) if ram_states else None
     pm = werk.get_plugin_manager(load_entrypoints=False, plugins=[("sized", backend)])
     runtimes = RuntimeManager(
         pm,
@@ -126,8 +134,9 @@ def setup(sizes: dict[str, int | None], host: Host | None = None) -> Setup:
         memory=memory,
         handoff_generations=lambda: handoffs,
         pinned_generations=lambda: pinned,
+        relief_states=states,
     )
-    return Setup(backend, memory, runtimes, clock, handoffs, pinned)
+    return Setup(backend, memory, runtimes, clock, handoffs, pinned, states)
 
 
 def managed(s: Setup) -> tuple[int, int]:
@@ -379,3 +388,37 @@ async def test_closing_the_service_cancels_a_preload_that_is_still_starting(
         assert backend.stopped == ["a_0"] and service.runtimes.live() == {}
         await service.preload()  # after a close nothing starts any more
         assert backend.started == ["a_0"]
+
+
+@pytest.mark.anyio
+async def test_relief_drops_unpinned_ram_states_before_a_start_fails() -> None:
+    """States of an in-process backend (tier ``ram``) are relief candidates too: an unpinned
+    one is dropped to make room, a pinned one never."""
+    s = setup({"c": 40 * GiB}, ram_states=True)
+    states = s.states
+    assert states is not None
+    envelope = Envelope(
+        adapter="a", adapter_version="1", backend="inproc", executable="", model_identity="x",
+        runtime_args=(), cache_layout="", generation="g_0", principal="local",
+    )  # fmt: skip
+
+    def keep(nbytes: int, pinned: bool) -> str:
+        entry = states.add(
+            principal="local", envelope=envelope, model="m", backend="inproc", fingerprint="f",
+            state=BackendState(
+                kind=StateKind.HANDLE, handle=object(), generation="g_0", logical_bytes=nbytes
+            ),
+            ttl_seconds=None, pinned=pinned, tier=Tier.RAM,
+        )  # fmt: skip
+        return entry.id
+
+    dropped, kept = keep(40 * GiB, False), keep(20 * GiB, True)
+    assert managed(s) == (60 * GiB, 0)
+    # 5 + 60 + 40 GiB would be 105 %: relief drops the unpinned state, the start succeeds
+    with await s.runtimes.use(spec("c")):
+        pass
+    assert [e.id for e in states.entries("local")] == [kept]
+    assert dropped not in {e.id for e in states.entries("local")}
+    assert managed(s) == (60 * GiB, 0)
+    report = s.memory.last_relief
+    assert report is not None and [a.id for a in report.plan.actions] == [f"state {dropped}"]

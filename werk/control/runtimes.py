@@ -31,6 +31,7 @@ import os
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.from_thread
@@ -49,6 +50,9 @@ from ..memory.relief import ReliefAction, ReliefCandidate
 from ..plugins import WerkPluginManager
 from ..protocol import CapabilityId, Unavailable, WerkError
 from . import admission
+
+if TYPE_CHECKING:
+    from .volatile import VolatileStates
 
 __all__ = ["DEFAULT_KEEP_ALIVE_SECONDS", "KeepAlive", "RuntimeEntry", "RuntimeManager", "Use"]
 
@@ -177,6 +181,7 @@ class RuntimeManager:
         handoff_generations: Callable[[], Collection[str]] = _no_generations,
         pinned_generations: Callable[[], Collection[str]] = _no_generations,
         cache_release: bool = False,
+        relief_states: VolatileStates | None = None,
     ):
         if keep_alive is not None and keep_alive < 0:
             raise ValueError("keep_alive must be >= 0 seconds or None (never)")
@@ -197,6 +202,7 @@ class RuntimeManager:
         self._memory = memory
         self._handoff_generations = handoff_generations
         self._pinned_generations = pinned_generations
+        self._relief_states = relief_states  # ram states relief may evict too
         self._allocations: dict[str, Allocation] = {}
         self._leases: dict[str, ModelFileLease] = {}
         self.cache_release = cache_release
@@ -530,9 +536,13 @@ class RuntimeManager:
                     in_use=bool(self._busy.get(model)) or (lock is not None and lock.locked()),
                 )
             )
+        if self._relief_states is not None:
+            out += self._relief_states.relief_candidates(tier)
         return out
 
     def _relief_execute(self, action: ReliefAction) -> bool:
+        if self._relief_states is not None and self._relief_states.owns(action.id):
+            return self._relief_states.evict(action.id)
         return anyio.from_thread.run(self._unload_for_relief, action.id)
 
     async def _unload_for_relief(self, owner: str) -> bool:

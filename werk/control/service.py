@@ -147,6 +147,7 @@ class LocalControlService(WerkControl):
             memory=self.memory_manager,
             handoff_generations=self.handoffs.generations_in_use,
             pinned_generations=self.volatile.pinned_generations,
+            relief_states=self.volatile,
             cache_release=config.model_cache_release,
         )
         self.job_store = JobStore(config.home, clock=clock)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..backends import BackendState
 from ..memory.manager import MemoryManager
+from ..memory.relief import ReliefCandidate
 from ..memory.reservations import Allocation
 from ..protocol import (
     ExpertTier,
@@ -35,6 +36,8 @@ from ..state.metadata import new_state_id
 __all__ = ["MAX_VOLATILE_PER_PRINCIPAL", "VolatileState", "VolatileStates"]
 
 MAX_VOLATILE_PER_PRINCIPAL = 256
+_OWNER = "state "
+"""Memory allocations of ``ram`` states are owned by ``state <id>``."""
 
 
 @dataclass(kw_only=True, eq=False)
@@ -112,10 +115,11 @@ class VolatileStates:
         with self._lock:
             if sum(1 for s in self._states.values() if s.principal == principal) >= self._max:
                 raise ResourceExhausted(f"at most {self._max} volatile states per caller")
-        allocation = self._account(state, tier)
+        state_id = new_state_id()
+        allocation = self._account(state_id, state, tier)
         with self._lock:
             entry = VolatileState(
-                id=new_state_id(),
+                id=state_id,
                 principal=principal,
                 envelope=envelope,
                 model=model,
@@ -131,7 +135,7 @@ class VolatileStates:
             self._states[entry.id] = entry
             return entry
 
-    def _account(self, state: BackendState, tier: Tier) -> Allocation | None:
+    def _account(self, state_id: str, state: BackendState, tier: Tier) -> Allocation | None:
         if tier is Tier.BACKEND:
             return None
         if tier is not Tier.RAM or self._memory is None:
@@ -139,7 +143,7 @@ class VolatileStates:
         nbytes = state.logical_bytes
         if not isinstance(nbytes, int) or nbytes <= 0:
             raise InvalidRequest("a state of tier ram must say its size (logical_bytes)")
-        reservation = self._memory.reserve("named state", nbytes, tier=ExpertTier.RAM)
+        reservation = self._memory.reserve(_OWNER + state_id, nbytes, tier=ExpertTier.RAM)
         return self._memory.commit(reservation, nbytes)
 
     def _take(self, doomed: Callable[[VolatileState], bool]) -> list[VolatileState]:
@@ -218,6 +222,36 @@ class VolatileStates:
         dead = self._take(lambda s: s.envelope.generation not in live)
         self._release(dead)
         return len(dead)
+
+    # -- memory relief (the runtime manager asks, from the reserving worker thread) ----------
+
+    def relief_candidates(self, tier: str) -> list[ReliefCandidate]:
+        """The ``ram`` states pressure relief may evict: never a pinned one."""
+        if tier != ExpertTier.RAM:
+            return []
+        now, monotonic = self._clock(), time.monotonic()
+        with self._lock:
+            return [
+                ReliefCandidate(
+                    id=_OWNER + s.id,
+                    bytes=s.allocation.nbytes,
+                    # relief orders by the monotonic clock (the runtimes' last use)
+                    last_used=monotonic - (now - (s.last_accessed_at or s.created_at)),
+                    pinned=s.pinned,
+                )
+                for s in self._states.values()
+                if s.allocation is not None
+            ]
+
+    def owns(self, owner: str) -> bool:
+        return owner.startswith(_OWNER)
+
+    def evict(self, owner: str) -> bool:
+        """Drop the ``ram`` state ``owner`` names for relief (``False``: gone, or pinned now)."""
+        state_id = owner.removeprefix(_OWNER)
+        gone = self._take(lambda s: s.id == state_id and not s.pinned)
+        self._release(gone)
+        return bool(gone)
 
     def purge_expired(self) -> None:
         now = self._clock()
