@@ -8,7 +8,8 @@ counters; no child process exists), prefill → disk state → decode and prefil
 state → decode equal to an uninterrupted greedy generation, a ``ram`` state's bytes in Werk's
 memory accounting until it is pruned, concurrent clients queued on the model's lane, a client
 leaving mid-stream, states from another model file or other context settings refused as
-``incompatible_state``, and the conformance kit from a shell.
+``incompatible_state``, a disk state reused after a restart only once the canary proved it
+(and not with a damaged canary), and the conformance kit from a shell.
 """
 
 from __future__ import annotations
@@ -233,6 +234,46 @@ def test_states_of_another_model_or_other_context_settings_are_incompatible(
             print(f"{name}: {state['reusable_reason']}")
 
 
+def _cross_row(server: WerkServer) -> dict[str, Any]:
+    with server.client(KEY) as http:
+        rows = http.get("/werk/v1/capabilities", params={"model": MODEL}).json()["capabilities"]
+    return next(r for r in rows if r["id"] == "runtime.state.restore.cross_restart")
+
+
+def test_a_disk_state_is_reused_after_a_restart_only_with_the_canary_proof(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    _import(home)
+    with _serve(home) as first:
+        made = _prefill(first, DISK)  # waits for the load and its probes
+        row = _cross_row(first)
+        assert row["status"] == "unavailable" and "no earlier werk serve process" in row["reason"]
+        expected = _decode(first, made)
+    with _serve(home) as second:
+        again = _prefill(second, {"retention": "disk", "reuse": "required"})
+        assert again.json()["reuse"]["outcome"] == "reused", again.text
+        assert _decode(second, again) == expected
+        row = _cross_row(second)
+        assert row["status"] == "experimental", row
+        assert "restored in generation" in row["reason"]
+    (canary,) = (home / "canaries" / "llamacpp-inproc").iterdir()
+    state = canary / "state.bin"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with _serve(home) as third:
+        refused = _prefill(third, {"retention": "disk", "reuse": "required"})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "incompatible_state"
+        row = _cross_row(third)
+        assert row["status"] == "unavailable" and "checksum" in row["reason"], row
+    with _serve(home) as fourth:  # the failed proof left the third's canary: proven again
+        assert _chat(fourth, "hello").status_code == 200
+        assert _cross_row(fourth)["status"] == "experimental"
+
+
 def test_the_conformance_kit_passes_from_a_shell(home: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WERK_")}
     env.update(WERK_HOME=str(home), WERK_BACKENDS_DIR=_backends())
@@ -247,3 +288,4 @@ def test_the_conformance_kit_passes_from_a_shell(home: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "claim runtime.state.tier.ram experimental" in done.stdout
     assert "claim runtime.state.restore.prefix experimental" in done.stdout
+    assert "claim runtime.state.restore.cross_restart experimental" in done.stdout

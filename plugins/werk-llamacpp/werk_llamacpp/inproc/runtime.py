@@ -18,8 +18,9 @@ the model loaded in a worker thread. Then the functional probes run on this very
 ``args`` the context settings a state depends on (``n_ctx``, ``n_batch``, KV types), and
 ``cache_layout`` names llama-cpp-python's version and the state layout. A state from another
 model, library or context is therefore ``409 incompatible_state`` before any hook runs.
-``runtime.state.restore.cross_restart`` is ``unavailable``: no probe proves yet that a state
-saved by an earlier process restores identically in this one.
+``runtime.state.restore.cross_restart`` is ``experimental`` only when this generation restored
+the canary an earlier ``werk serve`` process of the same lineage left and continued it
+identically (``canary.py``); otherwise ``unavailable`` with the reason.
 
 **Stop** waits for the lane (a running generation ends first), then frees the context; ``pid``
 is ``None``: no process serves this runtime alone.
@@ -51,6 +52,7 @@ from werk import (
 from ..args import model_file
 from ..requirement import header_facts, requirement_for
 from . import states
+from .canary import prove_cross_restart
 from .engine import Engine
 from .lane import Lane
 from .library import LibraryFacts, load_library, locate_library
@@ -82,6 +84,7 @@ class InprocHandle:
     options: InprocOptions
     probe: StateProbe | None = None
     prefix: StateProbe | None = None
+    cross_restart: StateProbe | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -116,6 +119,7 @@ async def start(model: ModelSpec) -> Runtime:
     )
     if handle.probe.passed:
         handle.prefix = await probe_prefix(runtime)
+        handle.cross_restart = await prove_cross_restart(runtime)
     await handle.lane.run(_forget, engine)  # the probes' tokens are no one's session
     return runtime
 
@@ -159,18 +163,19 @@ async def probe_prefix(runtime: Runtime) -> StateProbe:
         cold = await states.prefill(runtime, PrefillCall(prompt=longer, keep=True))
         before = await states.decode(runtime, DecodeCall(state=cold.state, max_tokens=4))
     except Exception as exc:
-        return result(False, f"the prefix probe's {step} raised {type(exc).__name__}: {exc}")
+        return result(False, f"prefix probe failed: its {step} raised {type(exc).__name__}: {exc}")
     shared = continued.restored_tokens or 0
     if not 0 < shared < continued.prompt_tokens or continued.cached_tokens != shared:
         return result(
             False,
-            f"a restored prefix of {shared} tokens was reused for {continued.cached_tokens} of "
-            f"{continued.prompt_tokens} prompt tokens",
+            f"prefix probe failed: a restored prefix of {shared} tokens was reused for "
+            f"{continued.cached_tokens} of {continued.prompt_tokens} prompt tokens",
         )
     if cold.cached_tokens != 0 or not before.text or after.text != before.text:
         return result(
             False,
-            f"a continued prefix generated {after.text!r}, a cold prefill {before.text!r}",
+            f"prefix probe failed: a continued prefix generated {after.text!r}, "
+            f"a cold prefill {before.text!r}",
         )
     return result(
         True,
@@ -239,11 +244,16 @@ def _probe_status(context: CapabilityContext, which: str) -> tuple[CapabilitySta
             CapabilityStatus.UNAVAILABLE,
             "the model is not loaded; its first request loads it and runs the functional probe",
         )
-    probe = runtime.handle.probe if which == "state" else runtime.handle.prefix
+    probe = {
+        "state": runtime.handle.probe,
+        "prefix": runtime.handle.prefix,
+        "cross-restart": runtime.handle.cross_restart,
+    }[which]
     if probe is None or probe.generation != runtime.generation:
         return CapabilityStatus.UNAVAILABLE, f"the {which} probe has not run for this runtime"
     if not probe.passed:
-        return CapabilityStatus.UNAVAILABLE, f"{which} probe failed: {probe.reason}"
+        failed = f"state probe failed: {probe.reason}" if which == "state" else probe.reason
+        return CapabilityStatus.UNAVAILABLE, failed
     if which == "state":
         return (
             CapabilityStatus.EXPERIMENTAL,
@@ -256,16 +266,12 @@ def capabilities(context: CapabilityContext) -> list[CapabilityReport]:
     rows = [_residency(context)]
     status, reason = _probe_status(context, "state")
     rows += [_row(cap, status, reason, ops) for cap, ops in STATE_ROWS]
-    prefix_status, prefix_reason = _probe_status(context, "prefix")
-    if status is not CapabilityStatus.EXPERIMENTAL:
-        prefix_status, prefix_reason = status, reason
-    rows.append(_row(CapabilityId.STATE_RESTORE_PREFIX, prefix_status, prefix_reason, ["restore"]))
-    rows.append(
-        _row(
-            CapabilityId.STATE_RESTORE_CROSS_RESTART,
-            CapabilityStatus.UNAVAILABLE,
-            "not proven for in-process llama.cpp: a state is restored only into the process "
-            "generation that saved it",
-        )
-    )
+    for cap, which in (
+        (CapabilityId.STATE_RESTORE_PREFIX, "prefix"),
+        (CapabilityId.STATE_RESTORE_CROSS_RESTART, "cross-restart"),
+    ):
+        step_status, step_reason = _probe_status(context, which)
+        if status is not CapabilityStatus.EXPERIMENTAL:
+            step_status, step_reason = status, reason
+        rows.append(_row(cap, step_status, step_reason, ["restore"]))
     return rows
