@@ -131,3 +131,26 @@ def test_create_demo_of_an_unknown_kind_lists_the_kinds(
     assert proc.returncode == 1
     assert "no installed plugin offers demo kind 'nope'" in proc.stderr
     assert "gguf (llamacpp:" in proc.stderr and "txt (txt: a text file)" in proc.stderr
+
+
+def test_a_source_build_is_not_silent_in_a_log(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a terminal (CI, make test) a long source build prints its [n/N] progress once
+    per tenth and its own building/reusing/built lines; pip's other lines stay in the log."""
+    from werk import InstallStep
+    from werk.cli.backends import _StepPrinter
+
+    printer = _StepPrinter()
+    printer.tty = False
+    printer(InstallStep(2, 5, "build (or reuse) the x wheel"))
+    printer(InstallStep(2, 5, "build", "building x==1 from source (takes minutes; log L)"))
+    for n in range(1, 141):
+        printer(InstallStep(2, 5, "build", f"[{n}/140] g++ -c file{n}.cpp"))
+    printer(InstallStep(2, 5, "build", "Collecting something"))
+    printer(InstallStep(2, 5, "build", "built x-1.whl in 300.0 s; cached in C"))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "[2/5] build (or reuse) the x wheel"
+    assert lines[1].strip().startswith("building x==1")
+    steps = [line.split("]")[0].strip() for line in lines if "g++" in line]
+    assert steps == [f"[{n}/140" for n in (1, 14, 28, 42, 56, 70, 84, 98, 112, 126, 140)]
+    assert lines[-1].strip().startswith("built x-1.whl")
+    assert not any("Collecting" in line for line in lines)

@@ -6,6 +6,7 @@ Plugins describe them (``werk_backend_environments``); the host installs them un
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -92,22 +93,35 @@ def list_environments(
     )
 
 
+_BUILD_STEP = re.compile(r"^\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+_SAID_IN_LOGS = ("building ", "reusing ", "built ")  # a source wheel's own lines
+
+
 class _StepPrinter:
-    """One line per step, and the current pip line redrawn in place on a terminal."""
+    """One line per step, and the current pip line redrawn in place on a terminal; elsewhere (a
+    log) a source build's ``[n/N]`` progress once per tenth, so a long build is not silent."""
 
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
         self.width = 0
+        self.tenth = -1
 
     def __call__(self, step: InstallStep) -> None:
         if step.line is None:
             self._clear()
+            self.tenth = -1
             typer.echo(f"[{step.index}/{step.total}] {step.label}", err=True)
         elif self.tty:
             text = f"      {step.line}"[:100]
             sys.stderr.write("\r" + text.ljust(self.width))
             sys.stderr.flush()
             self.width = len(text)
+        else:
+            built = _BUILD_STEP.match(step.line)
+            tenth = int(built.group(1)) * 10 // max(1, int(built.group(2))) if built else -1
+            if tenth > self.tenth or step.line.startswith(_SAID_IN_LOGS):
+                self.tenth = max(tenth, self.tenth)
+                typer.echo(f"      {step.line[:200]}", err=True)
 
     def _clear(self) -> None:
         if self.tty and self.width:
