@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -162,3 +163,28 @@ def test_a_generation_left_early_frees_the_lane(engine: Engine) -> None:
 
     assert isinstance(anyio.run(main), str)
     assert load_library()[1].version == "0.3.36"
+
+
+def test_a_gguf_werk_reads_but_llama_cpp_cannot_load_is_a_typed_error(tmp_path: Path) -> None:
+    """Werk's header and tensor-directory checks pass (the metadata is complete), llama.cpp's
+    loader refuses (tensors are missing): ``unavailable``, not a crash."""
+    import gguf
+    import numpy as np
+    from werk_llamacpp.demo import SHAPES, _add_metadata, build_vocab
+    from werk_llamacpp.requirement import read_header_facts
+
+    from werk import Unavailable
+
+    shape, vocab = SHAPES["tiny"], build_vocab()
+    path = tmp_path / "missing-tensors.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    _add_metadata(writer, shape, vocab, 0, "tiny")
+    embeddings = np.zeros((len(vocab.tokens), shape.n_embd), dtype=np.float16)
+    writer.add_tensor("token_embd.weight", embeddings)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert read_header_facts(path).n_layer == shape.n_layer  # Werk's checks pass
+    with pytest.raises(Unavailable, match=r"llama\.cpp could not load missing-tensors\.gguf"):
+        Engine.load(path, parse_inproc_options({}))
