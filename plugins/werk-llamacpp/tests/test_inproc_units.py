@@ -104,6 +104,10 @@ def test_options_defaults_bounds_and_the_envelope_arguments() -> None:
         "seq_id=0",
     )
     assert parse_inproc_options({"ctx_size": 1024}).runtime_args()[0] == "n_ctx=1024"
+    # the session bound: 256 MiB, or what 8 whole-context sequences take if that is less
+    assert options.session_bytes(1 << 20) == 8 << 20
+    assert options.session_bytes(1 << 30) == 256 << 20
+    assert parse_inproc_options({"session_entries": 0}).session_bytes(1 << 20) == 0
     with pytest.raises(InvalidRequest, match="unknown llamacpp-inproc model option"):
         parse_inproc_options({"parallel": 2})
     for bad in ({"ctx_size": 10}, {"batch_size": True}, {"threads": -1}, {"ctx_size": "big"}):

@@ -60,20 +60,21 @@ class _EndOfGeneration:
 class Engine:
     """A ``llama_cpp.Llama`` and what Werk keeps beside it."""
 
-    def __init__(self, lib: ModuleType, llm: Any, options: InprocOptions) -> None:
+    def __init__(
+        self, lib: ModuleType, llm: Any, options: InprocOptions, session_bytes: int | None = None
+    ) -> None:
         self.lib = lib
         self.llm = llm
         self.options = options
         self.n_ctx = int(llm.n_ctx())
-        self.sessions = SessionCache(
-            max_entries=options.session_entries, max_bytes=options.session_cache_mb << 20
-        )
+        bound = options.session_cache_mb << 20 if session_bytes is None else session_bytes
+        self.sessions = SessionCache(max_entries=options.session_entries, max_bytes=bound)
         self._eog = _EndOfGeneration(lib, lib.llama_model_get_vocab(llm.model))
         self._template = llm.metadata.get("tokenizer.chat_template") or None
         self.result: dict[str, Any] | None = None
 
     @classmethod
-    def load(cls, path: Path, options: InprocOptions) -> Engine:
+    def load(cls, path: Path, options: InprocOptions, session_bytes: int | None = None) -> Engine:
         """Load ``path`` (already checked as a GGUF Werk can read) into a new context.
 
         :raises werk.Unavailable: llama.cpp refused the file or the settings.
@@ -95,7 +96,7 @@ class Engine:
             raise Unavailable(
                 f"llama.cpp could not load {path.name}: {exc}", retryable=False
             ) from None
-        return cls(lib, llm, options)
+        return cls(lib, llm, options, session_bytes)
 
     def close(self) -> None:
         self.sessions.clear()
@@ -214,7 +215,11 @@ class Engine:
             self.llm._requires_eval = True
         else:
             self.llm.n_tokens = common  # eval() drops the sequence from here on
-            self.llm.eval(list(tokens[common:]))
+            try:
+                self.llm.eval(list(tokens[common:]))
+            except RuntimeError as exc:  # llama_decode's failure, as llama-cpp-python raises it
+                self.clear()
+                raise BackendError(f"llama.cpp failed to evaluate the prompt: {exc}") from None
         return Evaluation(len(tokens), self._evaluated())
 
     def _start_from(self, tokens: Sequence[int]) -> None:
@@ -276,6 +281,9 @@ class Engine:
         text = GeneratedText(self._text, list(stops))
         try:
             yield from text.follow(sampled(), self._eog, budget)
+        except RuntimeError as exc:  # llama_decode's failure, as llama-cpp-python raises it
+            self.clear()
+            raise BackendError(f"llama.cpp failed during generation: {exc}") from None
         finally:
             generator.close()
             if remember:

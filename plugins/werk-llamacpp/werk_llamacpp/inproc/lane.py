@@ -21,7 +21,6 @@ from .engine import Engine
 __all__ = ["Lane", "LaneGeneration"]
 
 T = TypeVar("T")
-_END = object()
 
 
 class Lane:
@@ -65,11 +64,11 @@ class LaneGeneration:
 
     async def __anext__(self) -> dict[str, Any]:
         assert self._events is not None, "enter the generation first"
-        event = await anyio.to_thread.run_sync(next, self._events, _END)
-        if event is _END:
+        event: dict[str, Any] | None = await anyio.to_thread.run_sync(next, self._events, None)
+        if event is None:
             self.result = self._lane.engine.result
             raise StopAsyncIteration
-        return event  # type: ignore[no-any-return]
+        return event
 
     async def __aexit__(self, *exc_info: object) -> None:
         events, self._events = self._events, None

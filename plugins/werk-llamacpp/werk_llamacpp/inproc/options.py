@@ -4,7 +4,8 @@
 * ``batch_size`` (default 512): tokens per llama.cpp decode call while evaluating a prompt.
 * ``threads`` (default 0: every core Werk may use): llama.cpp's compute threads.
 * ``session_cache_mb`` (default 256; 0 turns it off) and ``session_entries`` (default 8): the
-  chat-session cache's bounds (``sessions.py``).
+  chat-session cache's bounds (``sessions.py``); the byte bound is also never more than
+  ``session_entries`` whole-context sequences take, so a small model reserves little.
 
 ``ctx_size``, ``batch_size`` and the KV cache types (f16, llama.cpp's default) decide whether a
 saved state fits this context: they are the runtime arguments of every state's envelope.
@@ -41,6 +42,12 @@ class InprocOptions(msgspec.Struct, frozen=True):
     @property
     def compute_threads(self) -> int:
         return self.threads or max(1, len(os.sched_getaffinity(0)))
+
+    def session_bytes(self, context_state_bytes: int) -> int:
+        """The session cache's byte bound: ``session_cache_mb``, but never more than
+        ``session_entries`` sequences of a whole context (``context_state_bytes``: the KV cache
+        of ``ctx_size`` tokens) can take."""
+        return min(self.session_cache_mb << 20, self.session_entries * context_state_bytes)
 
     def runtime_args(self) -> tuple[str, ...]:
         """The settings a saved state depends on, in a fixed order (the envelope's args)."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 
@@ -50,7 +51,7 @@ from werk import (
 )
 
 from ..args import model_file
-from ..requirement import header_facts, requirement_for
+from ..requirement import MemoryRequirement, requirement_for
 from . import states
 from .canary import prove_cross_restart
 from .engine import Engine
@@ -96,9 +97,11 @@ async def start(model: ModelSpec) -> Runtime:
     """
     options = parse_inproc_options(model.options)
     path = model_file(model)
-    await anyio.to_thread.run_sync(header_facts, path)  # refuses a damaged or foreign file
+    # parses the header and tensor directory: refuses a damaged or foreign file
+    need = await anyio.to_thread.run_sync(_need, path, options)
     _, library = await anyio.to_thread.run_sync(load_library)
-    engine = await anyio.to_thread.run_sync(Engine.load, path, options)
+    sessions = options.session_bytes(need.kv_cache_bytes)
+    engine = await anyio.to_thread.run_sync(Engine.load, path, options, sessions)
     handle = InprocHandle(engine=engine, lane=Lane(engine), library=library, options=options)
     runtime = Runtime(
         backend=BACKEND,
@@ -184,6 +187,11 @@ async def probe_prefix(runtime: Runtime) -> StateProbe:
     )
 
 
+def _need(path: Path, options: InprocOptions) -> MemoryRequirement:
+    """llama.cpp's estimate for one sequence of ``ctx_size`` (``requirement.py``)."""
+    return requirement_for(path, ["-c", str(options.ctx_size), "-ub", str(options.batch_size)])
+
+
 async def runtime_requirement(spec: ModelSpec) -> RuntimeRequirement:
     """``BackendDescriptor.requirement``: weights, the one sequence's KV cache, compute
     buffers, and the chat-session cache's bound — all in this process's memory.
@@ -191,14 +199,13 @@ async def runtime_requirement(spec: ModelSpec) -> RuntimeRequirement:
     :raises werk.InvalidRequest: bad options, or a GGUF header without what the estimate needs.
     """
     options = parse_inproc_options(spec.options)
-    argv = ["-c", str(options.ctx_size), "-ub", str(options.batch_size)]
-    need = await anyio.to_thread.run_sync(requirement_for, model_file(spec), argv)
+    need = await anyio.to_thread.run_sync(_need, model_file(spec), options)
     parts = [
         ("weights", need.weights_bytes),
         ("kv cache", need.kv_cache_bytes),
         ("compute", need.compute_bytes),
     ]
-    sessions = options.session_cache_mb << 20 if options.session_entries else 0
+    sessions = options.session_bytes(need.kv_cache_bytes)
     if sessions:
         parts.append(("session cache", sessions))
     return RuntimeRequirement(nbytes=sum(n for _, n in parts), parts=tuple(parts))

@@ -63,7 +63,9 @@ def decode_payload(raw: bytes) -> Saved:
         raise BackendError("not a llamacpp-inproc state (unknown layout)")
     end = raw.find(b"\n", len(MAGIC), len(MAGIC) + MAX_HEADER)
     try:
-        header = json.loads(raw[len(MAGIC) : end]) if end > 0 else None
+        if end < 0:
+            raise ValueError("no header line")
+        header = json.loads(raw[len(MAGIC) : end])
         count, size, digest = header["tokens"], header["data_bytes"], header["sha256"]
     except (ValueError, TypeError, KeyError):
         raise BackendError("the llamacpp-inproc state's header is damaged") from None
