@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -39,6 +39,7 @@ __all__ = [
     "load_canary",
     "store_canary",
     "verified_slot_file",
+    "write_canary_files",
 ]
 
 SCHEMA = 3
@@ -128,20 +129,29 @@ def verified_slot_file(lineage: str, canary: Canary, target: Path) -> str | None
     return None
 
 
-def store_canary(lineage: str, slot_file: Path, canary: Canary) -> None:
-    """Record ``slot_file`` (a probe's save) as the lineage's canary (best effort)."""
-    directory = canary_dir(lineage)
+def write_canary_files(directory: Path, files: Mapping[str, Callable[[], bytes]]) -> None:
+    """Replace each file of ``files`` (name → its bytes, read when written) in ``directory``
+    (created ``0700``) atomically, in order; best effort: a failure only costs the next proof,
+    and the record written last never describes a payload that was not replaced."""
     with contextlib.suppress(OSError):
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            replace_private_file(dir_fd, "slot.bin", slot_file.read_bytes())
-            record = {
-                "schema": SCHEMA,
-                **msgspec.structs.asdict(canary),
-                "tokens": list(canary.tokens),
-                "top_logprobs": [list(pair) for pair in canary.top_logprobs],
-            }
-            replace_private_file(dir_fd, "canary.json", json.dumps(record).encode())
+            for name, data in files.items():
+                replace_private_file(dir_fd, name, data())
         finally:
             os.close(dir_fd)
+
+
+def store_canary(lineage: str, slot_file: Path, canary: Canary) -> None:
+    """Record ``slot_file`` (a probe's save) as the lineage's canary (best effort)."""
+    record = {
+        "schema": SCHEMA,
+        **msgspec.structs.asdict(canary),
+        "tokens": list(canary.tokens),
+        "top_logprobs": [list(pair) for pair in canary.top_logprobs],
+    }
+    write_canary_files(
+        canary_dir(lineage),
+        {"slot.bin": slot_file.read_bytes, "canary.json": lambda: json.dumps(record).encode()},
+    )

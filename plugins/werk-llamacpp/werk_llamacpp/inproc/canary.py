@@ -18,18 +18,16 @@ checksum), never the start.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from werk import BackendError, Runtime, StateProbe, replace_private_file, werk_home
+from werk import BackendError, Runtime, StateProbe, werk_home
 
 from .. import __version__
-from ..canary import lineage_of
+from ..canary import lineage_of, write_canary_files
 from .sessions import Saved
 from .states import decode_payload, encode
 
@@ -82,16 +80,11 @@ def _load(lineage: str) -> tuple[Canary, bytes] | None:
 
 def _store(lineage: str, canary: Canary, payload: bytes) -> None:
     """Record this generation's canary (best effort: a failure only costs the next proof)."""
-    directory = _directory(lineage)
-    with contextlib.suppress(OSError):
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            replace_private_file(dir_fd, "state.bin", payload)
-            record = {"schema": SCHEMA, "generation": canary.generation, "ids": list(canary.ids)}
-            replace_private_file(dir_fd, "canary.json", json.dumps(record).encode())
-        finally:
-            os.close(dir_fd)
+    record = {"schema": SCHEMA, "generation": canary.generation, "ids": list(canary.ids)}
+    write_canary_files(
+        _directory(lineage),
+        {"state.bin": lambda: payload, "canary.json": lambda: json.dumps(record).encode()},
+    )
 
 
 def _continue(engine: Engine, saved: Saved) -> tuple[int, ...]:

@@ -15,7 +15,6 @@ reuse, ``input_ids``/``n_tokens``/``_requires_eval``; ``llama_cpp.py``: the
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import platform
@@ -34,6 +33,8 @@ from werk import (
     Unavailable,
     werk_home,
 )
+
+from ..inspect import sha256_file
 
 __all__ = ["ENVIRONMENT", "WHEEL", "LibraryFacts", "library_facts", "load_library"]
 
@@ -90,14 +91,6 @@ def _site_packages(venv: Path) -> Path:
     )
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
-
-
 def _missing(reason: str) -> Unavailable:
     return Unavailable(
         f"{reason}; run `werk backends install llamacpp-inproc` (builds llama-cpp-python "
@@ -147,7 +140,7 @@ def load_library() -> tuple[ModuleType, LibraryFacts]:
                 f"llama-cpp-python does not load ({type(exc).__name__}: {exc})"
             ) from None
         libs = sorted((Path(module.__file__).parent / "lib").glob("libllama*.so*"))  # type: ignore[arg-type]
-        library = _sha256(libs[0]) if libs else "unknown"
+        library = "sha256:" + sha256_file(libs[0]) if libs else "unknown"
         facts = LibraryFacts(version=str(module.__version__), library=library, source=source)
         _loaded = (module, facts)
         return _loaded
