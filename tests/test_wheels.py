@@ -76,25 +76,30 @@ def test_werk_imports_from_site_packages_not_the_checkout(venv: CleanVenv) -> No
         assert where["dists"][name] is None, f"{name} is installed but only two wheels were"
 
 
+INPROC = "werk-llamacpp:llamacpp-inproc"
+
+
 def test_werk_plugins_lists_exactly_llamacpp(venv: CleanVenv) -> None:
     rows = venv.werk_json("plugins")["plugins"]
     by_name = {row["name"]: row for row in rows}
     for name in NOT_INSTALLED:
         assert name not in by_name
-    assert list(by_name) == ["werk-llamacpp"], rows
-    llamacpp = by_name["werk-llamacpp"]
-    assert llamacpp["status"] == "loaded", llamacpp
-    assert llamacpp["error"] is None
-    assert llamacpp["version"] == _version(LLAMACPP_DIR)
-    assert llamacpp["backends"] == ["llamacpp"]
-    assert "werk_register_backends" in llamacpp["hooks"]
+    # werk-llamacpp's two entry points: llama-server, and llama.cpp in-process
+    assert list(by_name) == ["werk-llamacpp", "werk-llamacpp:llamacpp-inproc"], rows
+    for name, backend in (("werk-llamacpp", "llamacpp"), (INPROC, "llamacpp-inproc")):
+        plugin = by_name[name]
+        assert plugin["status"] == "loaded", plugin
+        assert plugin["error"] is None
+        assert plugin["version"] == _version(LLAMACPP_DIR)
+        assert plugin["backends"] == [backend]
+        assert "werk_register_backends" in plugin["hooks"]
 
 
 def test_werk_capabilities_runs_from_the_wheel(venv: CleanVenv) -> None:
     body = venv.werk_json("capabilities")
     rows = body["capabilities"]
     backends = {row["backend"] for row in rows}
-    assert backends == {None, "llamacpp"}, backends
+    assert backends == {None, "llamacpp", "llamacpp-inproc"}, backends
     host_ids = {row["id"] for row in rows if row["backend"] is None}
     assert "runtime.memory.telemetry.host" in host_ids
     for row in rows:
