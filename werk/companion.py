@@ -364,9 +364,19 @@ class CompanionWorker:
         line = await self._guarded(op, timeout, self._exchange, (frame + "\n").encode())
         return await self._reply(op, request_id, line)
 
+    async def _exit_code(self, wait: float = 1.0) -> int | None:
+        """The exit status of a worker whose output just ended: the kernel closes its pipes a
+        moment before the process is reapable, so wait up to ``wait`` seconds for it."""
+        deadline = anyio.current_time() + wait
+        code = self.process.poll()
+        while code is None and anyio.current_time() < deadline:
+            await anyio.sleep(0.01)
+            code = self.process.poll()
+        return code
+
     async def _reply(self, op: str, request_id: str, line: bytes) -> dict[str, Any]:
         if not line:
-            code = self.process.poll()
+            code = await self._exit_code()
             tail = self.process.log_tail(2048).strip().splitlines()[-1:] or ["no output"]
             await self.stop()
             raise WorkerGone(

@@ -35,7 +35,9 @@ def werk_register_backends(register: Callable[[BackendDescriptor], None]) -> Non
     register(
         BackendDescriptor(
             name=BACKEND,
-            formats=("gguf",),
+            # GGUF files, but never inferred from one (a .gguf stays llamacpp's by default):
+            # `werk models import FILE --backend llamacpp-inproc` chooses this backend.
+            formats=(),
             description="llama.cpp inside werk serve (llama-cpp-python), no child process",
             start="werk_llamacpp.inproc.runtime:start",
             stop="werk_llamacpp.inproc.runtime:stop",
