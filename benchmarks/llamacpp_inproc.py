@@ -5,7 +5,7 @@ Three measures, each a median over ``--rounds`` requests per backend, alternatin
 
 1. **short chat**: a one-line chat, ``max_tokens`` 8, the same prompt every time (both backends
    reuse the whole prompt: this is the per-request cost of the path, hop included);
-2. **shared system prompt**: a chat with a ~``--system`` token system prompt and a new user line
+2. **shared system prompt**: a chat with a ``--system``-word system prompt and a new user line
    each round (both reuse the system prompt: llama-server's ``cache_prompt``, the in-process
    session reuse), ``max_tokens`` 8; the reply's ``cached_tokens`` is printed;
 3. **load**: the first request after start (model load, plus Werk's functional probes the
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--size", default="tiny", choices=("tiny", "medium"))
     parser.add_argument("--gguf", type=Path, help="a demo GGUF made earlier (skips generating)")
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--system", type=int, default=600, help="system prompt words")
+    parser.add_argument("--system", type=int, default=150, help="system prompt words")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="werk-inproc-bench-") as tmp:
         home = Path(tmp) / "home"

@@ -9,9 +9,11 @@ evaluated; before that the chat-session cache (``sessions.py``) may put back a s
 that shares a longer prefix. **What was evaluated** is read from llama.cpp's own counters
 (``llama_perf_context``: prompt tokens evaluated in batches plus single-token evaluations, reset
 before each request), so ``cached_tokens`` is the prompt minus what llama.cpp really computed.
-**States** are the sequence's bytes (``llama_state_seq_get_data``) and its tokens
-(:class:`~werk_llamacpp.inproc.sessions.Saved`); restoring one clears the sequence first, and a
-refused restore leaves it empty, never half-filled.
+**Sessions** are saved lazily: a chat's sequence is copied into the session cache only when a
+request that does not continue it is about to overwrite it, so a conversation that goes on in
+turn costs no copy. **States** are the sequence's bytes (``llama_state_seq_get_data``) and its
+tokens (:class:`~werk_llamacpp.inproc.sessions.Saved`); restoring one clears the sequence first,
+and a refused restore leaves it empty, never half-filled.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class Engine:
         self._eog = _EndOfGeneration(lib, lib.llama_model_get_vocab(llm.model))
         self._template = llm.metadata.get("tokenizer.chat_template") or None
         self.result: dict[str, Any] | None = None
+        self._session_live = 0  # > 0: the sequence holds a conversation with this long a prompt
+        self._formatter: Any = None
 
     @classmethod
     def load(cls, path: Path, options: InprocOptions, session_bytes: int | None = None) -> Engine:
@@ -119,15 +123,16 @@ class Engine:
         """
         if self._template is None:
             raise Unsupported("this model's GGUF has no chat template; use /v1/completions")
-        chat_format = importlib.import_module("llama_cpp.llama_chat_format")
-        formatter = chat_format.Jinja2ChatFormatter(
-            template=self._template,
-            eos_token=self._token_text(self.llm.token_eos()),
-            bos_token=self._token_text(self.llm.token_bos()),
-            add_generation_prompt=True,
-        )
+        if self._formatter is None:  # compiling the template costs ~1 ms: once per model
+            chat_format = importlib.import_module("llama_cpp.llama_chat_format")
+            self._formatter = chat_format.Jinja2ChatFormatter(
+                template=self._template,
+                eos_token=self._token_text(self.llm.token_eos()),
+                bos_token=self._token_text(self.llm.token_bos()),
+                add_generation_prompt=True,
+            )
         try:
-            rendered = formatter(messages=list(messages)).prompt
+            rendered = self._formatter(messages=list(messages)).prompt
         except Exception as exc:  # the template's own raise_exception, or a Jinja error
             raise InvalidRequest(f"the model's chat template refused the messages: {exc}") from None
         return list(self.llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True))
@@ -153,8 +158,17 @@ class Engine:
             raise BackendError("llama.cpp could not copy the sequence state")
         return Saved(tokens, ctypes.string_at(buffer, written))
 
+    def _stash(self, tokens: Sequence[int]) -> None:
+        """Keep the live conversation in the session cache before a request whose prompt
+        departs from it before the end of its last prompt overwrites it. A conversation that
+        goes on (or the same prompt again) costs no copy: it only drops the reply's tail."""
+        if self._session_live and shared_prefix(self.live_tokens(), tokens) < self._session_live:
+            self._session_live = 0
+            self.sessions.put(self.save())
+
     def clear(self) -> None:
         """Empty the sequence."""
+        self._session_live = 0
         self.llm._ctx.kv_cache_seq_rm(0, 0, -1)
         self.llm.n_tokens = 0
         self.llm._requires_eval = True
@@ -164,6 +178,7 @@ class Engine:
 
         :raises werk.BackendError: llama.cpp refused the bytes (the sequence is left empty).
         """
+        self._stash(saved.tokens)
         self.clear()
         if not saved.tokens:
             return
@@ -207,6 +222,8 @@ class Engine:
         :raises werk.InvalidRequest: the prompt does not fit the context.
         """
         self._check_fits(tokens)
+        self._stash(tokens)
+        self._session_live = 0  # a named state's prompt, not a conversation
         common = shared_prefix(self.live_tokens(), tokens)
         self._reset_counters()
         if common >= len(tokens):
@@ -246,8 +263,9 @@ class Engine:
     ) -> Iterator[dict[str, Any]]:
         """Generate after ``tokens``: events ``{"text", "ids"}``; then :attr:`result` holds the
         finish reason and usage (with ``cached_tokens``), as :func:`werk.generation_reply` reads
-        them. With ``remember`` the sequence is saved into the session cache at the end (also
-        when the caller stops early: what the sequence holds is consistent either way).
+        them. With ``remember`` the sequence is a conversation: it is saved into the session cache
+        when a later request that does not continue it takes the context (also when this caller
+        stops early: what the sequence holds is consistent either way).
 
         :raises werk.InvalidRequest: the prompt does not fit the context.
         """
@@ -256,8 +274,10 @@ class Engine:
         budget = self.n_ctx - len(tokens)
         if max_tokens is not None:
             budget = min(budget, max_tokens)
+        self._stash(tokens)
         if sessions:
             self._start_from(tokens)
+        self._session_live = 0
         self.llm.set_seed(seed if seed is not None else secrets.randbits(31))
         self._reset_counters()
         generator = self.llm.generate(
@@ -286,8 +306,8 @@ class Engine:
             raise BackendError(f"llama.cpp failed during generation: {exc}") from None
         finally:
             generator.close()
-            if remember:
-                self.sessions.put(self.save())
+            # kept when the next request goes elsewhere
+            self._session_live = len(tokens) if remember else 0
         spent = evaluated[0] if evaluated else self._evaluated()
         result: dict[str, Any] = {
             "finish_reason": "stop" if text.finish == "stop" else "length",

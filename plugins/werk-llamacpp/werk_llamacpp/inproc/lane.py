@@ -35,25 +35,37 @@ class Lane:
         async with self._slot:
             return await anyio.to_thread.run_sync(work, *args)
 
-    def generation(self, start: Callable[[], Iterator[dict[str, Any]]]) -> LaneGeneration:
+    def generation(
+        self, start: Callable[[], Iterator[dict[str, Any]]], *, whole: bool = False
+    ) -> LaneGeneration:
         """A generation to enter with ``async with``; ``start()`` makes its event iterator on the
-        lane (e.g. ``lambda: engine.generation(tokens, ...)``)."""
-        return LaneGeneration(self, start)
+        lane (e.g. ``lambda: engine.generation(tokens, ...)``). ``whole``: run it to its end in
+        one thread call on entering (a reply that is not streamed: no hop per token)."""
+        return LaneGeneration(self, start, whole)
 
 
 class LaneGeneration:
     """A :class:`werk.GenerationEvents` over the engine's generation, holding the lane."""
 
-    def __init__(self, lane: Lane, start: Callable[[], Iterator[dict[str, Any]]]) -> None:
+    def __init__(
+        self, lane: Lane, start: Callable[[], Iterator[dict[str, Any]]], whole: bool = False
+    ) -> None:
         self._lane = lane
         self._start = start
+        self._whole = whole
         self._events: Iterator[dict[str, Any]] | None = None
         self.result: dict[str, Any] | None = None
+
+    def _run_whole(self) -> Iterator[dict[str, Any]]:
+        events = list(self._start())
+        return iter(events)
 
     async def __aenter__(self) -> Self:
         await self._lane._slot.acquire()
         try:
-            self._events = await anyio.to_thread.run_sync(self._start)
+            self._events = await anyio.to_thread.run_sync(
+                self._run_whole if self._whole else self._start
+            )
         except BaseException:
             self._lane._slot.release()
             raise
@@ -64,7 +76,10 @@ class LaneGeneration:
 
     async def __anext__(self) -> dict[str, Any]:
         assert self._events is not None, "enter the generation first"
-        event: dict[str, Any] | None = await anyio.to_thread.run_sync(next, self._events, None)
+        if self._whole:
+            event = next(self._events, None)
+        else:
+            event = await anyio.to_thread.run_sync(next, self._events, None)
         if event is None:
             self.result = self._lane.engine.result
             raise StopAsyncIteration

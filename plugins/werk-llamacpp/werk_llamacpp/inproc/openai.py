@@ -45,4 +45,5 @@ async def openai_reply(runtime: Runtime, call: OpenAICall) -> OpenAIReply:
             prompt_ids=bool(args.get("return_token_ids")),
         )
 
-    return await generation_reply(call, runtime.model.id, handle.lane.generation(start))
+    generation = handle.lane.generation(start, whole=not call.stream)
+    return await generation_reply(call, runtime.model.id, generation)
