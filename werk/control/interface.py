@@ -47,7 +47,7 @@ from ..protocol import (
 )
 from .figures import ServiceFigures
 
-__all__ = ["StateQuery", "WerkControl"]
+__all__ = ["ImageModel", "StateQuery", "WerkControl"]
 
 
 class StateQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +60,20 @@ class StateQuery(msgspec.Struct, frozen=True, kw_only=True):
     """At most this many states (1..1000); ``None``: all of them."""
     after: str | None = None
     """Only states whose id sorts after this one (the decoded ``cursor``)."""
+
+
+class ImageModel(msgspec.Struct, frozen=True, kw_only=True):
+    """A served Diffusers pipeline whose backend generates images (the checkpoints the
+    AUTOMATIC1111 and ComfyUI routes offer).
+
+    :ivar id: the model id.
+    :ivar identity: its manifest identity (``sha256:…``).
+    :ivar directory: the pipeline's folder.
+    """
+
+    id: str
+    identity: str
+    directory: str
 
 
 class WerkControl(abc.ABC):
@@ -174,6 +188,11 @@ class WerkControl(abc.ABC):
     # OpenAI-compatible /v1 ---------------------------------------------------------------------
     @abc.abstractmethod
     async def openai_models(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def image_models(self) -> list[ImageModel]:
+        """The served models that are Diffusers pipelines of a backend serving
+        ``images.generations``, in id order."""
 
     @abc.abstractmethod
     async def openai_request(

@@ -33,6 +33,7 @@ from ..backends import (
 from ..capabilities import capability_contexts, host_capabilities
 from ..memory.manager import MemoryManager
 from ..memory.telemetry import process_tree_rss
+from ..model_formats import model_root
 from ..models import ModelManifest, ModelRegistry
 from ..plugins import WerkPluginManager
 from ..protocol import (
@@ -83,7 +84,7 @@ from .context import ServiceConfig
 from .experts import ExpertControl
 from .figures import Histogram, ServiceFigures
 from .gates import gate
-from .interface import StateQuery, WerkControl
+from .interface import ImageModel, StateQuery, WerkControl
 from .jobs import JobQueue
 from .openai import OpenAIRequests
 from .prefill import PrefillFlow
@@ -458,6 +459,17 @@ class LocalControlService(WerkControl):
 
     async def openai_models(self) -> dict[str, Any]:
         return await self.openai.models()
+
+    async def image_models(self) -> list[ImageModel]:
+        out = []
+        for spec in sorted(self.served(), key=lambda s: s.id):
+            descriptor = self.pm.backends.get(spec.backend)
+            root = model_root(spec.files)
+            if descriptor is None or "images.generations" not in descriptor.routes or root is None:
+                continue
+            if (root / "model_index.json").is_file():  # a Diffusers pipeline
+                out.append(ImageModel(id=spec.id, identity=spec.identity, directory=str(root)))
+        return out
 
     async def openai_request(
         self,

@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from ..control.interface import WerkControl
 from ..protocol import encode
+from .a1111 import a1111_routes
 from .activity import Activity
 from .auth import Authenticator
 from .dashboard import EventStreams, dashboard_routes
@@ -68,6 +69,7 @@ def build_app(
         # dashboard's / and /dashboard/…).
         routes=[
             *openai_routes(control, auth),
+            *a1111_routes(control, auth),
             *werk_routes(control, auth),
             Route("/werk/v1/openapi.json", openapi, methods=["GET"]),
             Route(

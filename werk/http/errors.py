@@ -1,8 +1,10 @@
 """The one place where exceptions become HTTP error responses.
 
 ``/werk/v1`` answers the protocol error body; ``/v1`` answers the OpenAI error shape so existing
-SDKs surface it. An unexpected exception is logged with its request id and answered with a
-generic ``internal`` message: no traceback, path or backend text reaches the client.
+SDKs surface it; ``/sdapi/v1`` answers AUTOMATIC1111's (``error``, ``detail``, ``body``,
+``errors``: what its API's exception handler sends). An unexpected exception is logged with its
+request id and answered with a generic ``internal`` message: no traceback, path or backend text
+reaches the client.
 """
 
 from __future__ import annotations
@@ -80,4 +82,13 @@ def error_response(request: Request, exc: BaseException) -> Response:
             }
         }
         return Response(encode(body), status, headers, media_type="application/json")
+    if request.url.path.startswith("/sdapi/"):
+        a1111: dict[str, str] = {
+            "error": err.code.value,
+            "detail": err.message,
+            "body": "",
+            "errors": err.message,
+            "request_id": request_id,
+        }
+        return Response(encode(a1111), status, headers, media_type="application/json")
     return Response(encode(err.to_body(request_id)), status, headers, media_type="application/json")

@@ -3,6 +3,8 @@ authentication by API key or dashboard session cookie."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import ipaddress
 from typing import TYPE_CHECKING
@@ -14,7 +16,7 @@ from .sessions import SESSION_COOKIE
 if TYPE_CHECKING:  # not at run time: `werk serve` checks its bind address before starlette loads
     from starlette.requests import Request
 
-__all__ = ["admit", "check_host", "check_origin", "is_loopback_host"]
+__all__ = ["admit", "admit_tool_client", "check_host", "check_origin", "is_loopback_host"]
 
 _LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
 
@@ -90,5 +92,24 @@ def admit(request: Request, auth: Authenticator) -> str:
         principal = auth.sessions.principal(request.cookies[SESSION_COOKIE])
     else:
         principal = auth.principal(authorization)
+    request.scope["werk_principal"] = principal
+    return principal
+
+
+def admit_tool_client(request: Request, auth: Authenticator) -> str:
+    """:func:`admit` for the routes existing image tools call (AUTOMATIC1111's, ComfyUI's):
+    besides ``Authorization: Bearer KEY`` they send HTTP Basic with the key as the password
+    (Open WebUI, SillyTavern), and an empty ``Authorization`` header when none is configured
+    (accepted in unauthenticated local mode, as any header is)."""
+    header = request.headers.get("authorization") or ""
+    scheme, _, credentials = header.partition(" ")
+    if scheme.lower() != "basic" or auth.mode is AuthMode.UNAUTHENTICATED_LOCAL:
+        return admit(request, auth)
+    check_host(request, auth)
+    try:
+        decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        decoded = ""
+    principal = auth.principal("Bearer " + decoded.partition(":")[2])
     request.scope["werk_principal"] = principal
     return principal
