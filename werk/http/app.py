@@ -17,6 +17,7 @@ from ..protocol import encode
 from .a1111 import a1111_routes
 from .activity import Activity
 from .auth import Authenticator
+from .comfy import comfy_routes
 from .dashboard import EventStreams, dashboard_routes
 from .errors import error_response
 from .exchange import ExchangeMiddleware
@@ -70,6 +71,7 @@ def build_app(
         routes=[
             *openai_routes(control, auth),
             *a1111_routes(control, auth),
+            *comfy_routes(control, auth),
             *werk_routes(control, auth),
             Route("/werk/v1/openapi.json", openapi, methods=["GET"]),
             Route(

@@ -14,7 +14,7 @@ from .auth import Authenticator
 from .sessions import SESSION_COOKIE
 
 if TYPE_CHECKING:  # not at run time: `werk serve` checks its bind address before starlette loads
-    from starlette.requests import Request
+    from starlette.requests import HTTPConnection
 
 __all__ = ["admit", "admit_tool_client", "check_host", "check_origin", "is_loopback_host"]
 
@@ -37,7 +37,7 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def check_host(request: Request, auth: Authenticator) -> None:
+def check_host(request: HTTPConnection, auth: Authenticator) -> None:
     """In unauthenticated local mode refuse a request whose ``Host`` is not a loopback name or
     address: a web page that rebinds its DNS name to 127.0.0.1 must not reach the server."""
     if auth.mode is AuthMode.UNAUTHENTICATED_LOCAL and auth.loopback_hosts_only:
@@ -52,7 +52,7 @@ def check_host(request: Request, auth: Authenticator) -> None:
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def check_origin(request: Request, *, required: bool) -> None:
+def check_origin(request: HTTPConnection, *, required: bool) -> None:
     """Refuse a request a browser sent from another origin: its ``Origin`` header must name
     this server as the request's ``Host`` does. ``required``: a request without ``Origin`` is
     refused too (a state-changing request a browser authenticated by cookie always has one)."""
@@ -69,7 +69,7 @@ def check_origin(request: Request, *, required: bool) -> None:
         )
 
 
-def admit(request: Request, auth: Authenticator) -> str:
+def admit(request: HTTPConnection, auth: Authenticator) -> str:
     """Return the caller's principal or raise.
 
     * :func:`check_host` (unauthenticated local mode).
@@ -88,7 +88,7 @@ def admit(request: Request, auth: Authenticator) -> str:
         check_origin(request, required=False)
         principal = auth.principal(authorization)
     elif authorization is None and SESSION_COOKIE in request.cookies:
-        check_origin(request, required=request.method not in _SAFE_METHODS)
+        check_origin(request, required=request.scope.get("method", "GET") not in _SAFE_METHODS)
         principal = auth.sessions.principal(request.cookies[SESSION_COOKIE])
     else:
         principal = auth.principal(authorization)
@@ -96,7 +96,7 @@ def admit(request: Request, auth: Authenticator) -> str:
     return principal
 
 
-def admit_tool_client(request: Request, auth: Authenticator) -> str:
+def admit_tool_client(request: HTTPConnection, auth: Authenticator) -> str:
     """:func:`admit` for the routes existing image tools call (AUTOMATIC1111's, ComfyUI's):
     besides ``Authorization: Bearer KEY`` they send HTTP Basic with the key as the password
     (Open WebUI, SillyTavern), and an empty ``Authorization`` header when none is configured

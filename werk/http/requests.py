@@ -66,17 +66,19 @@ def _require_json(request: Request) -> None:
         raise UnsupportedMediaType("request bodies must be application/json")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, *, json_only: bool = True) -> bytes:
     """Read at most ``limit`` bytes, refusing larger bodies before parsing anything.
 
     A declared ``Content-Length`` over the bound is refused without reading; a body that
     exceeds the bound while streaming (chunked, or a false length) is refused as soon as the
-    bound is crossed, so memory stays bounded.
+    bound is crossed, so memory stays bounded. ``json_only=False``: any ``Content-Type`` (the
+    routes of ComfyUI's API, whose clients post JSON without one); it must still parse as JSON.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body over {limit} bytes")
-    _require_json(request)
+    if json_only:
+        _require_json(request)
     return await _read_bounded(request, limit)
 
 
