@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from werk.http.comfy_graph import NODE_CLASSES, GraphRefused, object_info, plan_graph
+from werk.http.comfy_graph import (
+    NODE_CLASSES,
+    GraphRefused,
+    SpeechPlan,
+    object_info,
+    plan_graph,
+)
 
 GRAPH: dict[str, Any] = {
     "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "m"}},
@@ -75,3 +81,17 @@ def test_a_graph_without_output_and_object_info() -> None:
     assert set(info) == set(NODE_CLASSES)
     assert info["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"] == [["a", "b"]]
     assert info["SaveImage"]["output_node"] is True
+
+
+def test_the_speech_graph_becomes_a_speech_plan() -> None:
+    graph = {
+        "1": {"class_type": "WerkTextToSpeech",
+              "inputs": {"model": "tts", "text": "hi", "voice": "", "seed": 4}},
+        "2": {"class_type": "SaveAudio", "inputs": {"audio": ["1", 0], "filename_prefix": "a"}},
+    }  # fmt: skip
+    (plan,) = plan_graph(graph, [], [], ["tts"])
+    assert isinstance(plan, SpeechPlan)
+    assert (plan.model, plan.text, plan.voice, plan.seed) == ("tts", "hi", None, 4)
+    with pytest.raises(GraphRefused) as refused:
+        plan_graph(graph, [], [], ["other"])
+    assert "1" in refused.value.node_errors

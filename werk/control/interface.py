@@ -195,6 +195,12 @@ class WerkControl(abc.ABC):
         ``images.generations``, in id order."""
 
     @abc.abstractmethod
+    async def speech_models(self) -> list[str]:
+        """The ids of served models of a backend serving ``audio.speech`` that are not image
+        pipelines, in id order (a media backend's other models are listed too: a model that
+        cannot speak fails its request with the backend's own error)."""
+
+    @abc.abstractmethod
     async def openai_request(
         self,
         principal: str,

@@ -471,6 +471,16 @@ class LocalControlService(WerkControl):
                 out.append(ImageModel(id=spec.id, identity=spec.identity, directory=str(root)))
         return out
 
+    async def speech_models(self) -> list[str]:
+        images = {m.id for m in await self.image_models()}
+        return sorted(
+            spec.id
+            for spec in self.served()
+            if spec.id not in images
+            and (descriptor := self.pm.backends.get(spec.backend)) is not None
+            and "audio.speech" in descriptor.routes
+        )
+
     async def openai_request(
         self,
         principal: str,

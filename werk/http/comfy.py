@@ -1,5 +1,7 @@
-"""A ComfyUI-compatible API on Werk's image models: scripts and tools written for ComfyUI's API
-queue the standard text-to-image graph (or its image-to-image variant) against ``werk serve``.
+"""A ComfyUI-compatible API on Werk's image and speech models: scripts and tools written for
+ComfyUI's API queue the standard text-to-image graph (or its image-to-image variant), or the
+speech graph (``WerkTextToSpeech`` → ``SaveAudio``, run as a durable Werk job), against
+``werk serve``.
 
 Checked against Comfy-Org/ComfyUI 0.3.64 (``server.py``, ``execution.py``) and the
 ``comfy-api-simplified`` 1.6.0 client. Every route is served at ``/X`` and ``/api/X``:
@@ -41,6 +43,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -50,10 +53,24 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .._version import __version__
 from ..control.interface import WerkControl
-from ..protocol import InvalidRequest, NotFound, ResidencyRequest, WerkError, encode
-from ..protocol.media import IMAGE_SIDE_MAX, IMAGE_SIDE_MIN, MAX_IMAGE_UPLOAD_BYTES, MAX_SEED
+from ..protocol import (
+    BackendError,
+    InvalidRequest,
+    JobStatus,
+    NotFound,
+    ResidencyRequest,
+    WerkError,
+    encode,
+)
+from ..protocol.media import (
+    IMAGE_SIDE_MAX,
+    IMAGE_SIDE_MIN,
+    MAX_IMAGE_UPLOAD_BYTES,
+    MAX_SEED,
+    SpeechRequest,
+)
 from .auth import Authenticator
-from .comfy_graph import GraphRefused, SavePlan, object_info, plan_graph
+from .comfy_graph import GraphRefused, SavePlan, SpeechPlan, object_info, plan_graph
 from .errors import error_response
 from .guard import admit_tool_client
 from .requests import decode_body, read_body, read_form
@@ -72,7 +89,7 @@ class _Prompt:
     number: int
     graph: dict[str, Any]
     client_id: str | None
-    plans: list[SavePlan]
+    plans: list[SavePlan | SpeechPlan]
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     messages: list[list[Any]] = field(default_factory=list)
     status: str | None = None  # None while queued or running; "success" | "error"
@@ -132,7 +149,8 @@ class ComfyApi:
             )  # fmt: skip
         key = self.key(principal)
         models = [m.id for m in await self.control.image_models()]
-        plans = plan_graph(graph, models, list(key.uploads))
+        speakers = await self.control.speech_models()
+        plans = plan_graph(graph, models, list(key.uploads), speakers)
         prompt = _Prompt(
             id=str(uuid.uuid4()),
             number=next(self.numbers),
@@ -159,7 +177,10 @@ class ComfyApi:
                 with anyio.CancelScope() as scope:
                     prompt.scope = scope
                     for plan in prompt.plans:
-                        await self._save(principal, key, prompt, plan)
+                        if isinstance(plan, SpeechPlan):
+                            await self._speak(principal, key, prompt, plan)
+                        else:
+                            await self._save(principal, key, prompt, plan)
                     prompt.status = "success"
                     self.send(key, prompt, "execution_success", {})
                 if prompt.status is None:
@@ -200,6 +221,35 @@ class ComfyApi:
         self.send(
             key, prompt, "executed",
             {"node": plan.node, "display_node": plan.node, "output": {"images": saved}},
+        )  # fmt: skip
+
+    async def _speak(self, principal: str, key: _Key, prompt: _Prompt, plan: SpeechPlan) -> None:
+        """A speech request as a durable Werk job, awaited (ComfyUI's speech nodes run
+        asynchronously as well)."""
+        self.send(key, prompt, "executing", {"node": plan.speaker, "display_node": plan.speaker})
+        asked = {"model": plan.model, "input": plan.text, "voice": plan.voice, "seed": plan.seed}
+        request = decode_body(encode(asked), SpeechRequest)
+        request.validate()
+        body = msgspec.to_builtins(request)
+        body.pop("async", None)
+        job = await self.control.submit_job(principal, "audio.speech", body)
+        try:
+            while job.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
+                await anyio.sleep(0.1)
+                job = await self.control.job(principal, job.id)
+        except BaseException:
+            with anyio.CancelScope(shield=True), contextlib.suppress(WerkError):
+                await self.control.cancel_job(principal, job.id)  # interrupted: not left running
+            raise
+        if job.status is JobStatus.FAILED or job.output is None:
+            message = job.error.message if job.error is not None else "the speech job failed"
+            raise BackendError(message)
+        saved = [{"filename": job.output.id + ".wav", "subfolder": "", "type": "output"}]
+        self.send(key, prompt, "executing", {"node": plan.node, "display_node": plan.node})
+        prompt.outputs[plan.node] = {"audio": saved}
+        self.send(
+            key, prompt, "executed",
+            {"node": plan.node, "display_node": plan.node, "output": {"audio": saved}},
         )  # fmt: skip
 
     # -- reading ------------------------------------------------------------------------------
@@ -332,9 +382,10 @@ def comfy_routes(control: WerkControl, auth: Authenticator) -> list[BaseRoute]:
                 raise NotFound("no such file")
             media = "image/png" if data.startswith(_IMAGE_MAGIC[0]) else "image/jpeg"
             return Response(data, 200, media_type=media)
-        if kind != "output" or not name.endswith(".png"):
+        stem, dot, suffix = name.rpartition(".")
+        if kind != "output" or not dot or suffix not in ("png", "wav"):
             raise NotFound("no such file")
-        data, media = await control.job_output(principal, name.removesuffix(".png"))
+        data, media = await control.job_output(principal, stem)
         return Response(data, 200, media_type=media)
 
     async def upload(request: Request, principal: str) -> Response:
@@ -358,7 +409,8 @@ def comfy_routes(control: WerkControl, auth: Authenticator) -> list[BaseRoute]:
 
     async def info(request: Request, principal: str) -> Response:
         models = [m.id for m in await control.image_models()]
-        classes = object_info(models, list(api.key(principal).uploads))
+        speakers = await control.speech_models()
+        classes = object_info(models, list(api.key(principal).uploads), speakers)
         wanted = request.path_params.get("node_class")
         if wanted is None:
             return _json(classes)

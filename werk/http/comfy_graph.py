@@ -14,7 +14,11 @@ standard text-to-image graph and its image-to-image variant:
 * ``KSampler`` (``model``, ``seed``, ``steps``, ``cfg``, ``sampler_name``, ``scheduler``,
   ``positive``, ``negative``, ``latent_image``, ``denoise``) → LATENT;
 * ``VAEDecode`` (``samples``, ``vae``) → IMAGE, and ``SaveImage`` (``images``,
-  ``filename_prefix``), the output node.
+  ``filename_prefix``), the output node;
+* ``WerkTextToSpeech`` (``model``: a Werk speech model, ``text``, ``voice``, ``seed``) → AUDIO,
+  and ``SaveAudio`` (``audio``, ``filename_prefix``), the speech graph's output node: a Werk
+  ``/v1/audio/speech`` request run as a durable job (the seed's "asynchronously, as the ComfyUI
+  node does").
 
 Each ``SaveImage`` becomes a :class:`SavePlan`: image *i* of a batch uses seed *seed + i*.
 Anything else — an unknown class, a wrong link, a value out of Werk's bounds — is a
@@ -29,7 +33,14 @@ from typing import Any
 
 from ..protocol.media import IMAGE_SIDE_MAX, IMAGE_SIDE_MIN, MAX_IMAGES, MAX_SEED, MAX_STEPS
 
-__all__ = ["NODE_CLASSES", "GraphRefused", "SavePlan", "object_info", "plan_graph"]
+__all__ = [
+    "NODE_CLASSES",
+    "GraphRefused",
+    "SavePlan",
+    "SpeechPlan",
+    "object_info",
+    "plan_graph",
+]
 
 SAMPLERS = ["default"]
 SCHEDULERS = ["default"]
@@ -62,8 +73,11 @@ def _node(
     }
 
 
-def object_info(models: Sequence[str], uploads: Sequence[str]) -> dict[str, Any]:
-    """``GET /object_info``: Werk's node classes, the model ids and uploaded images as choices."""
+def object_info(
+    models: Sequence[str], uploads: Sequence[str], speakers: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``GET /object_info``: Werk's node classes, the model ids and uploaded images as choices
+    (``speakers``: the speech models)."""
     side = _int(512, IMAGE_SIDE_MIN, IMAGE_SIDE_MAX, 8)
     classes = {
         "CheckpointLoaderSimple": _node(
@@ -110,6 +124,22 @@ def object_info(models: Sequence[str], uploads: Sequence[str]) -> dict[str, Any]
             output_node=True,
             display="Save Image",
         ),
+        "WerkTextToSpeech": _node(
+            {
+                "model": [list(speakers)],
+                "text": ["STRING", {"multiline": True}],
+                "voice": ["STRING", {"default": ""}],
+                "seed": _int(0, 0, MAX_SEED),
+            },
+            ["AUDIO"],
+            display="Werk Text to Speech",
+        ),
+        "SaveAudio": _node(
+            {"audio": ["AUDIO"], "filename_prefix": ["STRING", {"default": "audio/ComfyUI"}]},
+            [],
+            output_node=True,
+            display="Save Audio",
+        ),
     }
     for name, info in classes.items():
         info["name"] = name
@@ -139,6 +169,19 @@ class SavePlan:
     upload: str | None = None
     strength: float = 1.0
     prefix: str = "ComfyUI"
+
+
+@dataclass
+class SpeechPlan:
+    """What one ``SaveAudio`` node asks for: a Werk speech request, run as a job."""
+
+    node: str
+    speaker: str
+    model: str
+    text: str
+    voice: str | None
+    seed: int
+    order: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -229,18 +272,31 @@ def _check_classes(prompt: Mapping[str, Any]) -> None:
 
 
 def plan_graph(
-    prompt: Mapping[str, Any], models: Sequence[str], uploads: Sequence[str]
-) -> list[SavePlan]:
+    prompt: Mapping[str, Any],
+    models: Sequence[str],
+    uploads: Sequence[str],
+    speakers: Sequence[str] = (),
+) -> list[SavePlan | SpeechPlan]:
     """The saves ``prompt`` asks for.
 
     :raises GraphRefused: the graph is not one Werk runs (ComfyUI's 400 body).
     """
     _check_classes(prompt)
     graph = _Graph(prompt, models, uploads)
-    outputs = [str(n) for n, node in prompt.items() if node["class_type"] == "SaveImage"]
+    outputs = [
+        str(n) for n, node in prompt.items() if node["class_type"] in ("SaveImage", "SaveAudio")
+    ]
     if not outputs:
         raise GraphRefused(_error("prompt_no_outputs", "Prompt has no outputs"))
-    plans = [p for p in (_plan(graph, save) for save in outputs) if p is not None]
+    plans: list[SavePlan | SpeechPlan] = []
+    for save in outputs:
+        made = (
+            _plan(graph, save)
+            if prompt[save]["class_type"] == "SaveImage"
+            else _speech(graph, save, speakers)
+        )
+        if made is not None:
+            plans.append(made)
     if graph.errors:
         raise GraphRefused(
             _error("prompt_outputs_failed_validation", "Prompt outputs failed validation"),
@@ -308,3 +364,27 @@ def _plan(graph: _Graph, save: str) -> SavePlan | None:
     else:
         graph.fail(sampler, "'latent_image' must come from EmptyLatentImage or VAEEncode")
     return plan
+
+
+def _speech(graph: _Graph, save: str, speakers: Sequence[str]) -> SpeechPlan | None:
+    speaker = graph.linked(save, "audio", "WerkTextToSpeech")
+    if speaker is None:
+        return None
+    model = graph.text(speaker, "model")
+    if model not in speakers:
+        graph.fail(speaker, f"'model' {model!r} is not one of Werk's speech models", "model")
+    text = graph.text(speaker, "text")
+    if not text.strip():
+        graph.fail(speaker, "'text' must not be empty", "text")
+    voice = graph.node(speaker).get("inputs", {}).get("voice") or None
+    if voice is not None and not isinstance(voice, str):
+        graph.fail(speaker, "'voice' must be a string", "voice")
+    return SpeechPlan(
+        node=save,
+        speaker=speaker,
+        model=model,
+        text=text,
+        voice=voice if isinstance(voice, str) else None,
+        seed=graph.value(speaker, "seed", int, 0, MAX_SEED),
+        order=[speaker, save],
+    )

@@ -30,7 +30,7 @@ import httpx
 import pytest
 import websockets
 from comfy_api_simplified import ComfyApiWrapper, ComfyWorkflowWrapper
-from media_testing import IMAGE_A, IMAGE_B, KEY, require_backends
+from media_testing import IMAGE_A, IMAGE_B, KEY, TTS, require_backends
 from PIL import Image
 
 from werk.testing.server import WerkServer, werk_serve
@@ -260,3 +260,24 @@ def test_sillytavern_sequence(served: WerkServer) -> None:
         viewed = http.get(f"{base}/view", params=image)
         assert _png(viewed.content).size == (64, 64)
         assert http.post(f"{base}/interrupt").status_code == 200  # its abort: nothing running
+
+
+def test_the_speech_graph_runs_as_a_job_and_saves_a_wav(served: WerkServer) -> None:
+    graph = {
+        "1": {"class_type": "WerkTextToSpeech",
+              "inputs": {"model": TTS, "text": "Hello from Werk.", "voice": "", "seed": 3},
+              "_meta": {"title": "Speech"}},
+        "2": {"class_type": "SaveAudio", "inputs": {"audio": ["1", 0], "filename_prefix": "a"},
+              "_meta": {"title": "Save Audio"}},
+    }  # fmt: skip
+    api = _api(served)
+    info = api.get_object_info("WerkTextToSpeech")["WerkTextToSpeech"]
+    assert TTS in info["input"]["required"]["model"][0]
+    saved = [api.queue_and_wait_images(ComfyWorkflowWrapper(graph), "Save Audio")
+             for _ in range(2)]  # fmt: skip
+    (first,) = saved[0].values()
+    assert first.startswith(b"RIFF") and first[8:12] == b"WAVE"
+    assert list(saved[1].values()) == [first]  # the same seed, the same audio
+    with served.client(KEY) as http:
+        jobs = http.get("/v1/jobs").json()["data"]
+        assert any(job["kind"] == "audio.speech" for job in jobs)  # it ran as a Werk job
