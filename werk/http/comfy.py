@@ -54,6 +54,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from .._version import __version__
 from ..control.interface import WerkControl
 from ..protocol import (
+    TERMINAL_JOB_STATUSES,
     BackendError,
     InvalidRequest,
     JobStatus,
@@ -216,12 +217,13 @@ class ComfyApi:
                           "type": "output"})  # fmt: skip
             progress = {"value": index + 1, "max": plan.count, "node": plan.sampler}
             self.send(key, prompt, "progress", progress)
-        self.send(key, prompt, "executing", {"node": plan.node, "display_node": plan.node})
-        prompt.outputs[plan.node] = {"images": saved}
-        self.send(
-            key, prompt, "executed",
-            {"node": plan.node, "display_node": plan.node, "output": {"images": saved}},
-        )  # fmt: skip
+        self._saved(key, prompt, plan.node, {"images": saved})
+
+    def _saved(self, key: _Key, prompt: _Prompt, node: str, output: dict[str, Any]) -> None:
+        """An output node ran: its ``executing`` and ``executed`` events, its history entry."""
+        self.send(key, prompt, "executing", {"node": node, "display_node": node})
+        prompt.outputs[node] = output
+        self.send(key, prompt, "executed", {"node": node, "display_node": node, "output": output})
 
     async def _speak(self, principal: str, key: _Key, prompt: _Prompt, plan: SpeechPlan) -> None:
         """A speech request as a durable Werk job, awaited (ComfyUI's speech nodes run
@@ -234,23 +236,18 @@ class ComfyApi:
         body.pop("async", None)
         job = await self.control.submit_job(principal, "audio.speech", body)
         try:
-            while job.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
+            while job.status not in TERMINAL_JOB_STATUSES:
                 await anyio.sleep(0.1)
                 job = await self.control.job(principal, job.id)
         except BaseException:
             with anyio.CancelScope(shield=True), contextlib.suppress(WerkError):
                 await self.control.cancel_job(principal, job.id)  # interrupted: not left running
             raise
-        if job.status is JobStatus.FAILED or job.output is None:
-            message = job.error.message if job.error is not None else "the speech job failed"
-            raise BackendError(message)
+        if job.status is not JobStatus.COMPLETED or job.output is None:
+            message = job.error.message if job.error is not None else f"the job {job.status}"
+            raise BackendError(f"speech job {job.id}: {message}")
         saved = [{"filename": job.output.id + ".wav", "subfolder": "", "type": "output"}]
-        self.send(key, prompt, "executing", {"node": plan.node, "display_node": plan.node})
-        prompt.outputs[plan.node] = {"audio": saved}
-        self.send(
-            key, prompt, "executed",
-            {"node": plan.node, "display_node": plan.node, "output": {"audio": saved}},
-        )  # fmt: skip
+        self._saved(key, prompt, plan.node, {"audio": saved})
 
     # -- reading ------------------------------------------------------------------------------
 
