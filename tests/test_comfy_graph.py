@@ -78,7 +78,8 @@ def test_a_graph_without_output_and_object_info() -> None:
         plan_graph({k: v for k, v in GRAPH.items() if k != "9"}, ["m"], [])
     assert refused.value.error["type"] == "prompt_no_outputs"
     info = object_info(["a", "b"], ["x.png"])
-    assert set(info) == set(NODE_CLASSES)
+    assert set(info) == {*NODE_CLASSES, "UNETLoader", "VAELoader"}
+    assert info["UNETLoader"]["input"]["required"]["unet_name"] == [[]]
     assert info["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"] == [["a", "b"]]
     assert info["SaveImage"]["output_node"] is True
 

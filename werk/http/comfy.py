@@ -191,7 +191,7 @@ class ComfyApi:
                 prompt.status = "error"
                 self.send(
                     key, prompt, "execution_error",
-                    {"node_id": None, "exception_type": exc.code.value,
+                    {"node_id": None, "node_type": None, "exception_type": exc.code.value,
                      "exception_message": exc.message, "traceback": []},
                 )  # fmt: skip
             finally:

@@ -141,12 +141,21 @@ def object_info(
             display="Save Audio",
         ),
     }
+    # Listed, with no choices, because clients read them unconditionally (SillyTavern's model
+    # list maps UNETLoader's and VAELoader's choices); Werk runs neither.
+    for name, key, output in (
+        ("UNETLoader", "unet_name", "MODEL"),
+        ("VAELoader", "vae_name", "VAE"),
+    ):
+        classes[name] = _node({key: [[]]}, [output], display=f"{name} (none in Werk)")
     for name, info in classes.items():
         info["name"] = name
     return classes
 
 
-NODE_CLASSES = tuple(object_info([], []))
+LISTED_ONLY = ("UNETLoader", "VAELoader")
+NODE_CLASSES = tuple(name for name in object_info([], []) if name not in LISTED_ONLY)
+"""The classes Werk executes (``/object_info`` also lists :data:`LISTED_ONLY`)."""
 
 
 @dataclass

@@ -236,18 +236,30 @@ def test_open_webui_sequence(served: WerkServer) -> None:
                 assert viewed.status_code == 200 and _png(viewed.content).size == (64, 64)
 
 
-def test_sillytavern_sequence(served: WerkServer) -> None:
-    """SillyTavern: /object_info for models, samplers and schedulers, a prompt without a client
-    id, /history polled every 100 ms until it appears, then /view (Basic auth)."""
-    basic = "Basic " + base64.b64encode(f"st:{KEY}".encode()).decode()
-    base = served.base_url
-    with httpx.Client(timeout=600, headers={"Authorization": basic}) as http:
+@pytest.fixture(scope="module")
+def keyless(media_home: Path) -> Iterator[WerkServer]:
+    with werk_serve(media_home, None, [], env={"WERK_BACKENDS_DIR": require_backends()}) as s:
+        yield s
+
+
+def test_sillytavern_sequence(keyless: WerkServer) -> None:
+    """SillyTavern's server (``src/endpoints/stable-diffusion.js``, its ComfyUI part): no
+    Authorization header (only its interrupt sends Basic), ``/system_stats`` as a ping,
+    ``/object_info`` read for samplers, schedulers and ``CheckpointLoaderSimple`` /
+    ``UNETLoader`` model choices, ``POST /prompt`` with the JSON as a bare string body (no
+    Content-Type), ``GET /history`` polled every 100 ms until the prompt appears, then ``/view``;
+    on abort ``POST /interrupt`` with Basic auth."""
+    base = keyless.base_url
+    with httpx.Client(timeout=600) as http:
+        assert http.get(f"{base}/system_stats").status_code == 200
         info = http.get(f"{base}/object_info").json()
         assert info["KSampler"]["input"]["required"]["sampler_name"][0]
         assert info["KSampler"]["input"]["required"]["scheduler"][0]
+        ckpts = info["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"][0]
+        assert IMAGE_A in ckpts and info["UNETLoader"]["input"]["required"]["unet_name"][0] == []
         graph = copy.deepcopy(TXT2IMG)
         graph["5"]["inputs"]["batch_size"] = 1
-        queued = http.post(f"{base}/prompt", json={"prompt": graph})
+        queued = http.post(f"{base}/prompt", content=json.dumps({"prompt": graph}).encode())
         assert queued.status_code == 200, queued.text
         prompt_id = queued.json()["prompt_id"]
         deadline = time.monotonic() + 300
@@ -259,7 +271,9 @@ def test_sillytavern_sequence(served: WerkServer) -> None:
         (image,) = entry["outputs"]["9"]["images"]
         viewed = http.get(f"{base}/view", params=image)
         assert _png(viewed.content).size == (64, 64)
-        assert http.post(f"{base}/interrupt").status_code == 200  # its abort: nothing running
+        basic = "Basic " + base64.b64encode(b"user:pass").decode()
+        interrupted = http.post(f"{base}/interrupt", headers={"Authorization": basic})
+        assert interrupted.status_code == 200  # its abort: nothing running
 
 
 def test_the_speech_graph_runs_as_a_job_and_saves_a_wav(served: WerkServer) -> None:
