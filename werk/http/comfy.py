@@ -72,7 +72,7 @@ from ..protocol.media import (
 )
 from .auth import Authenticator
 from .comfy_graph import GraphRefused, SavePlan, SpeechPlan, object_info, plan_graph
-from .errors import error_response
+from .errors import error_response, to_werk_error
 from .guard import admit_tool_client
 from .requests import decode_body, read_body, read_form
 
@@ -187,12 +187,13 @@ class ComfyApi:
                 if prompt.status is None:
                     prompt.status = "error"
                     self.send(key, prompt, "execution_interrupted", {"node_id": None})
-            except WerkError as exc:
+            except Exception as exc:  # the prompt failed; the server goes on
+                error = to_werk_error(exc, prompt.id)  # unexpected ones logged, told generically
                 prompt.status = "error"
                 self.send(
                     key, prompt, "execution_error",
-                    {"node_id": None, "node_type": None, "exception_type": exc.code.value,
-                     "exception_message": exc.message, "traceback": []},
+                    {"node_id": None, "node_type": None, "exception_type": error.code.value,
+                     "exception_message": error.message, "traceback": []},
                 )  # fmt: skip
             finally:
                 key.running = None
