@@ -1,7 +1,7 @@
 # The two commands the README promises: `make serve` and `make test`.
-# Both create .venv/ at the repository root when it is missing and install the host and every
-# bundled plugin in editable mode with the dev extras (werk-omlx with its test extras: MLX for
-# the oMLX stand-in).
+# Both create .venv/ at the repository root when it is missing and install the host, every
+# bundled plugin and the ComfyUI node pack in editable mode with the dev extras (werk-omlx with
+# its test extras: MLX for the oMLX stand-in).
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +9,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.werk-setup
 PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/werk-media \
 	plugins/werk-transformers plugins/werk-onnx plugins/werk-mlx
-PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
+# ComfyUI's node pack (installed for its tests; ComfyUI loads it from its custom_nodes folder).
+INTEGRATIONS := integrations/comfyui-werk
+PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS) $(INTEGRATIONS))
 
 .PHONY: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env mlx-vlm-env llamacpp-inproc-env browser demo serve test lint typecheck pytest screenshots clean
 
@@ -21,10 +23,11 @@ $(STAMP): $(PYPROJECTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]' \
-		$(addprefix -e ,$(filter-out plugins/werk-omlx,$(PLUGINS))) -e 'plugins/werk-omlx[test]'
+		$(addprefix -e ,$(filter-out plugins/werk-omlx,$(PLUGINS))) -e 'plugins/werk-omlx[test]' \
+		$(addprefix -e ,$(INTEGRATIONS))
 	# Bytecode for the editable sources, as a wheel install has (PYTHONDONTWRITEBYTECODE=1
 	# would otherwise make every `werk` command compile its modules again: about 50 ms).
-	$(BIN)/python -m compileall -q werk $(PLUGINS) > /dev/null
+	$(BIN)/python -m compileall -q werk $(PLUGINS) $(INTEGRATIONS) > /dev/null
 	@touch $(STAMP)
 
 setup: $(STAMP)
