@@ -240,11 +240,20 @@ class WerkNamedState:
         reuse = answer.get("reuse") or {}
         usage = answer.get("usage") or {}
         kept = handoff.state_id or reuse.get("state_id") or ""
-        report = (
-            f"{reuse.get('outcome', '?')}"
-            + (f" ({reuse['match']} match of {reuse['state_id']})" if reuse.get("match") else "")
-            + f"; prompt {usage.get('prompt_tokens')} tokens, "
-            f"{usage.get('cached_tokens') or 0} reused, "
-            f"{usage.get('evaluated_tokens', '?')} evaluated; state {kept or 'none'}"
-        )
-        return handoff, kept, report
+        return handoff, kept, _report(reuse, usage, kept)
+
+
+def _report(reuse: dict[str, Any], usage: dict[str, Any], kept: str) -> str:
+    """ "reused (prefix match of st_…); prompt 64 tokens, 37 reused, 27 evaluated; state st_…"
+    (a count the backend did not report is "?")."""
+
+    def count(name: str) -> str:
+        value = usage.get(name)
+        return "?" if value is None else str(value)
+
+    match = f" ({reuse['match']} match of {reuse['state_id']})" if reuse.get("match") else ""
+    return (
+        f"{reuse.get('outcome', '?')}{match}; prompt {count('prompt_tokens')} tokens, "
+        f"{count('cached_tokens')} reused, {count('evaluated_tokens')} evaluated; "
+        f"state {kept or 'none'}"
+    )
