@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import werk_comfy
-from _comfy_support import DEMO, IMAGE, KEY, KEY_VARIABLE, OTHER_KEY, PACK, TTS
+from _comfy_support import DEMO, IMAGE, KEY, KEY_VARIABLE, OTHER_KEY, PACK, TTS, one_shot
 from werk_comfy.client import WerkNodeError, WerkServer
 from werk_comfy.handoff import WerkStateHandoff
 from werk_comfy.system import ALL
@@ -40,14 +40,6 @@ def server(served: Served, monkeypatch: pytest.MonkeyPatch) -> WerkServer:
     monkeypatch.setenv(KEY_VARIABLE, KEY)
     (connection,) = NODES["WerkServer"]().connect(served.base_url, KEY_VARIABLE)
     return connection
-
-
-def _one_shot(served: Served, messages: list[dict[str, str]], max_tokens: int) -> str:
-    body = {"model": DEMO, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
-    with served.client(KEY, timeout=120) as http:
-        answer = http.post("/v1/chat/completions", json=body)
-    assert answer.status_code == 200, answer.text
-    return str(answer.json()["choices"][0]["message"]["content"])
 
 
 def _resident(served: Served, model: str) -> bool | None:
@@ -75,7 +67,7 @@ def test_the_dropdowns_list_what_werk_serves(
 
 
 def test_chat_answers_what_the_model_answers(served: Served, server: WerkServer) -> None:
-    expected = _one_shot(served, _messages(PROMPT), 12)
+    expected = one_shot(served, _messages(PROMPT), 12)
     (text,) = NODES["WerkChat"]().chat(
         model=DEMO, system=SYSTEM, prompt=PROMPT, max_tokens=12, temperature=0.0, seed=0,
         unload_after=True, server=server,
@@ -93,7 +85,7 @@ def test_prefill_then_decode_equals_a_one_shot_completion(
     assert isinstance(handoff, WerkStateHandoff) and "token hidden" in str(handoff)
     decode = NODES["WerkDecode"]()
     (text,) = decode.decode(handoff=handoff, max_tokens=12, temperature=0.0, seed=0, stop="")
-    assert text == _one_shot(served, _messages(PROMPT), 12)
+    assert text == one_shot(served, _messages(PROMPT), 12)
     # ComfyUI re-running the decode on the same value (its cache was defeated): refused in
     # the node, before any request, and the message names no token.
     with pytest.raises(WerkNodeError) as again:
@@ -150,7 +142,7 @@ def test_a_named_state_is_saved_then_continued_by_the_next_turn(
     assert kept.startswith("st_") and kept != saved  # a new state for the longer conversation
     assert f"prefix match of {saved}" in report2, report2
     (text,) = decode.decode(handoff=handoff2, max_tokens=8, temperature=0.0, seed=0, stop="")
-    assert text == _one_shot(served, _messages(PROMPT, reply, followup), 8)
+    assert text == one_shot(served, _messages(PROMPT, reply, followup), 8)
 
 
 def test_resume_fails_closed_for_an_unknown_or_foreign_state(

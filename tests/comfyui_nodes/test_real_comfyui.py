@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from _comfy_support import DEMO, IMAGE, KEY, PACK, TTS
+from _comfy_support import DEMO, IMAGE, KEY, PACK, TTS, one_shot
 from PIL import Image
 
 from werk.supervise import free_port
@@ -112,14 +112,6 @@ def _finished(comfyui: dict[str, Any], graph: dict[str, Any]) -> dict[str, Any]:
     pytest.fail(f"prompt {prompt_id} did not finish: {comfyui['log'].read_text()[-4000:]}")
 
 
-def _one_shot(served: Served, messages: list[dict[str, str]], max_tokens: int) -> str:
-    body = {"model": DEMO, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
-    with served.client(KEY, timeout=120) as http:
-        answer = http.post("/v1/chat/completions", json=body)
-    assert answer.status_code == 200, answer.text
-    return str(answer.json()["choices"][0]["message"]["content"])
-
-
 CHAT_GRAPH: dict[str, Any] = {
     "1": {"class_type": "WerkChat",
           "inputs": {"model": DEMO, "system": SYSTEM, "prompt": "A cat on a boat.",
@@ -152,12 +144,12 @@ def test_the_pack_loads_with_its_nodes(comfyui: dict[str, Any], served: Served) 
 def test_chat_prefill_decode_preview_and_no_token_in_the_history(
     comfyui: dict[str, Any], served: Served
 ) -> None:
-    prompt = _one_shot(
+    prompt = one_shot(
         served,
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A cat on a boat."}],
         12,
     )
-    expected = _one_shot(served, [{"role": "user", "content": prompt}], 10)
+    expected = one_shot(served, [{"role": "user", "content": prompt}], 10)
     texts = []
     for _ in range(2):  # the second run prefills and decodes again: nothing is replayed
         entry = _finished(comfyui, CHAT_GRAPH)

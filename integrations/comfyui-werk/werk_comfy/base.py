@@ -13,6 +13,7 @@ __all__ = [
     "CATEGORY",
     "SERVER_INPUT",
     "SERVER_TYPE",
+    "ModelNode",
     "always_run",
     "check_model",
     "server_of",
@@ -47,6 +48,14 @@ def check_model(model: str) -> bool | str:
     if not model or placeholder(model):
         return f"choose a Werk model ({model or 'none chosen'})"
     return True
+
+
+class ModelNode:
+    """A node with a ``model`` dropdown: :func:`check_model` validates it."""
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, model: str) -> bool | str:
+        return check_model(model)
 
 
 def text_of(answer: dict[str, Any]) -> str:

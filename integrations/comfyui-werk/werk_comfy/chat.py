@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from .base import CATEGORY, SERVER_INPUT, check_model, server_of, text_of
+from .base import CATEGORY, SERVER_INPUT, ModelNode, server_of, text_of
 from .choices import model_choices
 from .client import WerkServer
 
@@ -18,7 +18,7 @@ def messages_of(system: str, prompt: str) -> list[dict[str, str]]:
     return [*messages, {"role": "user", "content": prompt}]
 
 
-class WerkChat:
+class WerkChat(ModelNode):
     """A chat completion (``POST /v1/chat/completions``) with the model's chat template."""
 
     CATEGORY = f"{CATEGORY}/LLM"
@@ -44,10 +44,6 @@ class WerkChat:
             },
             "optional": dict(SERVER_INPUT),
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, model: str) -> bool | str:
-        return check_model(model)
 
     def chat(
         self,

@@ -13,7 +13,7 @@ import os
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from .base import CATEGORY, SERVER_INPUT, always_run, check_model, server_of
+from .base import CATEGORY, SERVER_INPUT, ModelNode, always_run, server_of
 from .choices import model_choices
 from .client import WerkNodeError, WerkServer
 
@@ -26,7 +26,7 @@ def experimental_enabled() -> bool:
     return os.environ.get(OPT_IN_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-class _ExpertAction:
+class _ExpertAction(ModelNode):
     ACTION: ClassVar[str]
     CATEGORY = f"{CATEGORY}/Experts (experimental)"
     EXPERIMENTAL = True
@@ -50,10 +50,6 @@ class _ExpertAction:
             },
             "optional": dict(SERVER_INPUT),
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, model: str) -> bool | str:
-        return check_model(model)
 
     def act(
         self,

@@ -7,7 +7,7 @@ import base64
 import time
 from typing import Any, ClassVar
 
-from .base import CATEGORY, MAX_SEED, SERVER_INPUT, check_model, server_of
+from .base import CATEGORY, MAX_SEED, SERVER_INPUT, ModelNode, server_of
 from .choices import model_choices
 from .client import WerkNodeError, WerkServer
 from .media import pngs_to_image, wav_to_audio
@@ -21,7 +21,7 @@ _POLL = 0.2
 _JOB_TIMEOUT = 3600.0
 
 
-class WerkImage:
+class WerkImage(ModelNode):
     """``POST /v1/images/generations`` on a Werk image model → IMAGE (a batch of ``count``)."""
 
     CATEGORY = f"{CATEGORY}/Media"
@@ -47,10 +47,6 @@ class WerkImage:
             },
             "optional": dict(SERVER_INPUT),
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, model: str) -> bool | str:
-        return check_model(model)
 
     def generate(
         self,
@@ -83,7 +79,7 @@ class WerkImage:
         return (pngs_to_image(pngs),)
 
 
-class WerkSpeech:
+class WerkSpeech(ModelNode):
     """An ``audio.speech`` job (``POST /v1/jobs``), polled until it ends → AUDIO. ComfyUI's
     Cancel cancels the job too."""
 
@@ -108,10 +104,6 @@ class WerkSpeech:
             "optional": dict(SERVER_INPUT),
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, model: str) -> bool | str:
-        return check_model(model)
 
     def speak(
         self,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from .base import CATEGORY, SERVER_INPUT, always_run, check_model, server_of
+from .base import CATEGORY, SERVER_INPUT, ModelNode, always_run, server_of
 from .chat import messages_of
 from .choices import model_choices
 from .client import WerkNodeError, WerkServer
@@ -66,7 +66,7 @@ def _prefill(
     return minted, answer
 
 
-class WerkPrefill:
+class WerkPrefill(ModelNode):
     """``POST /werk/v1/prefill`` with an ephemeral policy: the prompt evaluated, nothing kept
     beyond the handoff (15 minutes, single use)."""
 
@@ -83,10 +83,6 @@ class WerkPrefill:
             "required": {**_prompt_inputs(), "allow_experimental": _OPT_IN},
             "optional": dict(SERVER_INPUT),
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, model: str) -> bool | str:
-        return check_model(model)
 
     def prefill(
         self,
@@ -148,7 +144,7 @@ class WerkDecode:
         return (str(answer["text"]),)
 
 
-class WerkNamedState:
+class WerkNamedState(ModelNode):
     """A prefill that keeps a named state of the prompt (``save``) or must continue one
     (``resume``): the next prompt that starts with this one continues from it instead of
     evaluating it again, also after ``werk serve`` restarts (``disk`` retention)."""
@@ -197,10 +193,6 @@ class WerkNamedState:
                 **SERVER_INPUT,
             },
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, model: str) -> bool | str:
-        return check_model(model)
 
     def run(
         self,
