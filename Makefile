@@ -13,7 +13,7 @@ PLUGINS := plugins/werk-llamacpp plugins/werk-vllm plugins/werk-omlx plugins/wer
 INTEGRATIONS := integrations/comfyui-werk
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS) $(INTEGRATIONS))
 
-.PHONY: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env mlx-vlm-env llamacpp-inproc-env browser demo serve test lint typecheck pytest screenshots clean
+.PHONY: n8n-nodes n8n-runtime setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env mlx-vlm-env llamacpp-inproc-env browser demo serve test lint typecheck pytest screenshots clean
 
 # The test suite's managed backend environments (multi-gigabyte), cached across runs like the
 # llama-server build; `werk backends install` is a no-op with --if-needed once one is ready.
@@ -69,6 +69,30 @@ mlx-vlm-env: setup
 llamacpp-inproc-env: setup
 	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/werk backends install llamacpp-inproc --if-needed
 
+# The n8n package integrations/n8n-nodes-werk: its dev tools from the committed lockfile
+# (--ignore-scripts: eslint-plugin-n8n-nodes-base's preinstall script refuses npm), the
+# TypeScript build and n8n's own lint in strict mode.
+N8N_PACKAGE := integrations/n8n-nodes-werk
+n8n-nodes:
+	cd $(N8N_PACKAGE) && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	cd $(N8N_PACKAGE) && npm run --silent build > /dev/null && npm run --silent lint
+
+# A real n8n for the workflow tests, installed once under ~/.cache/werk/n8n (about 2 GB): 2.8.4 is
+# the newest n8n that runs on Node 20. `xlsx` is pinned to 0.18.5, the last release on the npm
+# registry (n8n asks for a tarball from a CDN); npm_config_nodedir: build native modules
+# against the installed Node's headers. Built in a scratch folder, published with one rename.
+N8N_VERSION := 2.8.4
+N8N_DIR ?= $(HOME)/.cache/werk/n8n/$(N8N_VERSION)
+n8n-runtime:
+	@test -x $(N8N_DIR)/node_modules/.bin/n8n || { \
+		rm -rf $(N8N_DIR).building && mkdir -p $(N8N_DIR).building && \
+		echo '{"name": "werk-n8n-runtime", "private": true, "dependencies": {"n8n": "$(N8N_VERSION)"}, "overrides": {"xlsx": "0.18.5"}}' \
+			> $(N8N_DIR).building/package.json && \
+		echo "installing n8n $(N8N_VERSION) into $(N8N_DIR) (a few minutes, once)" && \
+		(cd $(N8N_DIR).building && npm_config_nodedir=/usr npm install --no-audit --no-fund \
+			--loglevel=error) && \
+		mv $(N8N_DIR).building $(N8N_DIR); }
+
 # Debian's Chromium for the dashboard's browser tests (Playwright drives it through
 # executable_path). Installed when missing, as root; otherwise this says what to install.
 browser:
@@ -100,8 +124,8 @@ typecheck: setup
 	$(BIN)/mypy
 
 pytest: setup llama-server vllm-env media-env qwen-tts-env transformers-env onnx-env mlx-env mlx-vlm-env \
-		llamacpp-inproc-env browser
-	WERK_BACKENDS_DIR=$(TEST_BACKENDS) $(BIN)/pytest
+		llamacpp-inproc-env browser n8n-nodes n8n-runtime
+	WERK_BACKENDS_DIR=$(TEST_BACKENDS) WERK_N8N_DIR=$(N8N_DIR) $(BIN)/pytest
 
 # The dashboard screenshots in docs/images/, taken by its browser test.
 screenshots: setup llama-server media-env browser

@@ -1,10 +1,17 @@
-"""Names shared by the ComfyUI node pack's tests."""
+"""Names shared by the tests of the ComfyUI node pack and the n8n package."""
 
+import os
 from pathlib import Path
 
 from werk.testing.server import WerkServer
 
 PACK = Path(__file__).resolve().parents[2] / "integrations" / "comfyui-werk"
+N8N_PACKAGE = Path(__file__).resolve().parents[2] / "integrations" / "n8n-nodes-werk"
+N8N_VERSION = "2.8.4"
+# The n8n `make n8n-runtime` installs (read before a test's hermetic environment).
+N8N_DIR = Path(
+    os.environ.get("WERK_N8N_DIR") or Path.home() / ".cache" / "werk" / "n8n" / N8N_VERSION
+)
 KEY, OTHER_KEY = "comfy-nodes-key-0123456789ab", "comfy-nodes-other-0123456789"
 KEY_VARIABLE = "WERK_COMFY_TEST_KEY"
 DEMO, IMAGE, TTS = "demo", "tiny-image", "tiny-tts"

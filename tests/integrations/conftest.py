@@ -1,4 +1,5 @@
-"""Fixtures of the ComfyUI node pack's tests (the pack: ``integrations/comfyui-werk``)."""
+"""Fixtures of the integration tests: the ComfyUI node pack (``integrations/comfyui-werk``) and
+the n8n package (``integrations/n8n-nodes-werk``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from _comfy_support import DEMO, IMAGE, KEY, OTHER_KEY, TTS
+from _integration_support import DEMO, IMAGE, KEY, OTHER_KEY, TTS
 from werk_llamacpp.executable import locate_llama_server
 
 from werk.testing.server import WERK, WerkServer, server_env, werk_serve

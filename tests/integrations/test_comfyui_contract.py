@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import werk_comfy
-from _comfy_support import PACK
+from _integration_support import PACK
 from werk_comfy.client import WerkNodeError, WerkServer, redact
 from werk_comfy.handoff import HANDOFF_TYPE, WerkStateHandoff
 from werk_comfy.system import ANY

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import werk_comfy
-from _comfy_support import DEMO, IMAGE, KEY, KEY_VARIABLE, OTHER_KEY, PACK, TTS, one_shot
+from _integration_support import DEMO, IMAGE, KEY, KEY_VARIABLE, OTHER_KEY, PACK, TTS, one_shot
 from werk_comfy.client import WerkNodeError, WerkServer
 from werk_comfy.handoff import WerkStateHandoff
 from werk_comfy.system import ALL
@@ -208,7 +208,7 @@ def test_image_and_speech_come_out_as_comfyui_values(
         "speech": {"model": TTS, "text": "Hello from Werk.", "voice": "", "seed": 1},
     }  # fmt: skip
     ran = subprocess.run(
-        [str(python), str(Path(__file__).with_name("_media_nodes.py")), PACK, json.dumps(args)],
+        [str(python), Path(__file__).with_name("_comfyui_media_nodes.py"), PACK, json.dumps(args)],
         env={**server_env(served.home), KEY_VARIABLE: KEY},
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """Runs Werk Image and Werk Speech in a Python with torch, numpy and Pillow — what ComfyUI's
 environment has — and prints what came out as JSON (one line). Used by
-``test_nodes_served.py`` with the media backend's managed environment.
+``test_comfyui_served.py`` with the media backend's managed environment.
 
 ``comfy.utils.ProgressBar`` and ``comfy.model_management`` are stand-ins here for ComfyUI's
 own (the real ones need ComfyUI's whole import tree): they record the progress the node

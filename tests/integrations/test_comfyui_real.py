@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from _comfy_support import DEMO, IMAGE, KEY, PACK, TTS, one_shot
+from _integration_support import DEMO, IMAGE, KEY, PACK, TTS, one_shot
 from PIL import Image
 
 from werk.supervise import free_port
