@@ -61,11 +61,17 @@ function context(params, { allowExperimental = true, key = KEY } = {}) {
 					failed.response = { status: answer.status, data };
 					throw new NodeApiError(node, failed);
 				}
-				if (options.encoding === 'arraybuffer') return raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.length);
+				if (options.encoding === 'arraybuffer')
+					return raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.length);
 				return options.json ? JSON.parse(raw.toString()) : raw.toString();
 			},
 			async prepareBinaryData(buffer, fileName, mimeType) {
-				return { data: buffer.toString('base64'), fileName, mimeType, fileSize: String(buffer.length) };
+				return {
+					data: buffer.toString('base64'),
+					fileName,
+					mimeType,
+					fileSize: String(buffer.length),
+				};
 			},
 		},
 	};
@@ -91,7 +97,11 @@ const PROMPT = 'Name three colours of the sea.';
 
 test('chat: complete equals a one-shot chat completion', async () => {
 	const [item] = await execute({
-		resource: 'chat', operation: 'complete', model: 'demo', system: '', prompt: PROMPT,
+		resource: 'chat',
+		operation: 'complete',
+		model: 'demo',
+		system: '',
+		prompt: PROMPT,
 		options: { maxTokens: 8 },
 	});
 	assert.equal(item.json.text, await oneShot([{ role: 'user', content: PROMPT }], 8));
@@ -101,19 +111,30 @@ test('chat: complete equals a one-shot chat completion', async () => {
 
 test('state: prefill then decode equals a one-shot completion; the token never appears', async () => {
 	const [prefilled] = await execute({
-		resource: 'state', operation: 'prefill', model: 'demo', system: 'Be terse.', prompt: PROMPT,
+		resource: 'state',
+		operation: 'prefill',
+		model: 'demo',
+		system: 'Be terse.',
+		prompt: PROMPT,
 		policy: { retention: 'disk', reuse: 'prefer', ttlSeconds: 600, pin: false },
 	});
 	assert.match(prefilled.json.handoff.ref, /^hr_[0-9a-f]{32}$/);
 	assert.ok(!TOKEN.test(JSON.stringify(prefilled)));
 	assert.ok(prefilled.json.state.id.startsWith('st_'));
 	const decodeParams = {
-		resource: 'state', operation: 'decode', handoff: prefilled.json.handoff.ref,
+		resource: 'state',
+		operation: 'decode',
+		handoff: prefilled.json.handoff.ref,
 		options: { maxTokens: 8 },
 	};
 	const [decoded] = await execute(decodeParams);
 	const expected = await oneShot(
-		[{ role: 'system', content: 'Be terse.' }, { role: 'user', content: PROMPT }], 8);
+		[
+			{ role: 'system', content: 'Be terse.' },
+			{ role: 'user', content: PROMPT },
+		],
+		8,
+	);
 	assert.equal(decoded.json.text, expected);
 	assert.ok(!TOKEN.test(JSON.stringify(decoded)));
 	// single use: the reference is spent
@@ -126,17 +147,27 @@ test('state: prefill then decode equals a one-shot completion; the token never a
 	const states = await execute({ resource: 'state', operation: 'getAll', modelFilter: 'demo' });
 	assert.ok(states.some((s) => s.json.id === prefilled.json.state.id));
 	const [pinPreview] = await execute({
-		resource: 'state', operation: 'pin', stateId: prefilled.json.state.id, pinned: true, dryRun: true,
+		resource: 'state',
+		operation: 'pin',
+		stateId: prefilled.json.state.id,
+		pinned: true,
+		dryRun: true,
 	});
 	assert.equal(pinPreview.json.dry_run, true);
 	assert.equal(pinPreview.json.state.pinned, true);
 	const [preview] = await execute({
-		resource: 'state', operation: 'prune', stateIds: prefilled.json.state.id, dryRun: true,
+		resource: 'state',
+		operation: 'prune',
+		stateIds: prefilled.json.state.id,
+		dryRun: true,
 	});
 	assert.deepEqual(preview.json.selected, [prefilled.json.state.id]);
 	assert.deepEqual(preview.json.deleted, []);
 	const [pruned] = await execute({
-		resource: 'state', operation: 'prune', stateIds: prefilled.json.state.id, dryRun: false,
+		resource: 'state',
+		operation: 'prune',
+		stateIds: prefilled.json.state.id,
+		dryRun: false,
 	});
 	assert.deepEqual(pruned.json.deleted, [prefilled.json.state.id]);
 	await assert.rejects(
@@ -148,7 +179,14 @@ test('state: prefill then decode equals a one-shot completion; the token never a
 test('state: without the experimental opt-in Werk refuses the prefill with its reason', async () => {
 	await assert.rejects(
 		execute(
-			{ resource: 'state', operation: 'prefill', model: 'demo', system: '', prompt: PROMPT, policy: {} },
+			{
+				resource: 'state',
+				operation: 'prefill',
+				model: 'demo',
+				system: '',
+				prompt: PROMPT,
+				policy: {},
+			},
 			{ allowExperimental: false },
 		),
 		(error) => {
@@ -161,8 +199,13 @@ test('state: without the experimental opt-in Werk refuses the prefill with its r
 
 test('speech: a polled job gives a WAV file', async () => {
 	const [item] = await execute({
-		resource: 'speech', operation: 'create', model: 'tiny-tts', input: 'Hello from n8n.',
-		voice: '', seed: 1, binaryPropertyName: 'audio',
+		resource: 'speech',
+		operation: 'create',
+		model: 'tiny-tts',
+		input: 'Hello from n8n.',
+		voice: '',
+		seed: 1,
+		binaryPropertyName: 'audio',
 	});
 	const wav = Buffer.from(item.binary.audio.data, 'base64');
 	assert.equal(item.binary.audio.mimeType, 'audio/wav');
@@ -174,8 +217,12 @@ test('speech: a polled job gives a WAV file', async () => {
 
 test('image: one item per image, PNG files', async () => {
 	const items = await execute({
-		resource: 'image', operation: 'generate', model: 'tiny-image', prompt: 'a red cat',
-		imageOptions: { width: 64, height: 48, n: 2, steps: 4, seed: 3 }, binaryPropertyName: 'data',
+		resource: 'image',
+		operation: 'generate',
+		model: 'tiny-image',
+		prompt: 'a red cat',
+		imageOptions: { width: 64, height: 48, n: 2, steps: 4, seed: 3 },
+		binaryPropertyName: 'data',
 	});
 	assert.equal(items.length, 2);
 	for (const [index, item] of items.entries()) {
@@ -192,8 +239,19 @@ test('memory, capabilities and models', async () => {
 	const [memory] = await execute({ resource: 'memory', operation: 'get' });
 	assert.ok(['normal', 'soft', 'hard', 'emergency', 'unknown'].includes(memory.json.pressure));
 	assert.ok(memory.json.host.total_bytes > 0);
-	const rows = await execute({ resource: 'capability', operation: 'getAll', capabilityModel: 'demo' });
-	const statuses = new Set(['supported', 'unsupported', 'unavailable', 'experimental', 'externally_managed', 'metadata_only']);
+	const rows = await execute({
+		resource: 'capability',
+		operation: 'getAll',
+		capabilityModel: 'demo',
+	});
+	const statuses = new Set([
+		'supported',
+		'unsupported',
+		'unavailable',
+		'experimental',
+		'externally_managed',
+		'metadata_only',
+	]);
 	assert.ok(rows.length > 5 && rows.every((r) => statuses.has(r.json.status)));
 	const models = await execute({ resource: 'model', operation: 'getAll' });
 	assert.deepEqual(models.map((m) => m.json.id).sort(), ['demo', 'tiny-image', 'tiny-tts']);
@@ -209,8 +267,18 @@ test('experts: offered and sent only with the opt-in', async () => {
 	assert.deepEqual(await werk.methods.loadOptions.getExpertOperations.call(off), []);
 	const on = context({});
 	const offered = await werk.methods.loadOptions.getExpertOperations.call(on);
-	assert.deepEqual(offered.map((o) => o.value), ['evict', 'getAll', 'prefetch']);
-	const params = { resource: 'expert', operation: 'prefetch', model: 'demo', experts: '1, 2', target: 'ram', dryRun: true };
+	assert.deepEqual(
+		offered.map((o) => o.value),
+		['evict', 'getAll', 'prefetch'],
+	);
+	const params = {
+		resource: 'expert',
+		operation: 'prefetch',
+		model: 'demo',
+		experts: '1, 2',
+		target: 'ram',
+		dryRun: true,
+	};
 	await assert.rejects(execute(params, { allowExperimental: false }), /Allow Experimental/);
 	// llama.cpp moves no experts: Werk's answer, not a node failure of its own
 	await assert.rejects(execute(params), (error) => {

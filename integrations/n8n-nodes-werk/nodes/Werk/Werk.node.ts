@@ -120,7 +120,13 @@ const run: Record<string, Record<string, Run>> = {
 		},
 		async getAll(ctx, i) {
 			const model = ctx.getNodeParameter('modelFilter', i, '') as string;
-			const answer = await werkRequest(ctx, 'GET', '/werk/v1/states', undefined, model ? { model } : undefined);
+			const answer = await werkRequest(
+				ctx,
+				'GET',
+				'/werk/v1/states',
+				undefined,
+				model ? { model } : undefined,
+			);
 			return ((answer.states as IDataObject[]) ?? []).map((state) => ({ json: state }));
 		},
 		async pin(ctx, i) {
@@ -233,7 +239,13 @@ const run: Record<string, Record<string, Run>> = {
 	capability: {
 		async getAll(ctx, i) {
 			const model = ctx.getNodeParameter('capabilityModel', i, '') as string;
-			const answer = await werkRequest(ctx, 'GET', '/werk/v1/capabilities', undefined, model ? { model } : undefined);
+			const answer = await werkRequest(
+				ctx,
+				'GET',
+				'/werk/v1/capabilities',
+				undefined,
+				model ? { model } : undefined,
+			);
 			return ((answer.capabilities as IDataObject[]) ?? []).map((row) => ({ json: row }));
 		},
 	},
@@ -244,11 +256,17 @@ const run: Record<string, Record<string, Run>> = {
 		},
 		async load(ctx, i) {
 			const id = encodeURIComponent(ctx.getNodeParameter('model', i) as string);
-			return [{ json: await werkRequest(ctx, 'POST', `/werk/v1/models/${id}/load`, { dry_run: false }) }];
+			return [
+				{ json: await werkRequest(ctx, 'POST', `/werk/v1/models/${id}/load`, { dry_run: false }) },
+			];
 		},
 		async unload(ctx, i) {
 			const id = encodeURIComponent(ctx.getNodeParameter('model', i) as string);
-			return [{ json: await werkRequest(ctx, 'POST', `/werk/v1/models/${id}/unload`, { dry_run: false }) }];
+			return [
+				{
+					json: await werkRequest(ctx, 'POST', `/werk/v1/models/${id}/unload`, { dry_run: false }),
+				},
+			];
 		},
 	},
 	expert: {
@@ -304,7 +322,8 @@ export class Werk implements INodeType {
 		group: ['transform'],
 		version: [1],
 		subtitle: '={{$parameter["operation"] + ": " + $parameter["resource"]}}',
-		description: 'Chat, prefill/decode, named states, speech, images and memory of a local Werk server',
+		description:
+			'Chat, prefill/decode, named states, speech, images and memory of a local Werk server',
 		defaults: { name: 'Werk' },
 		inputs: [NodeConnectionTypes.Main],
 		outputs: [NodeConnectionTypes.Main],
@@ -326,7 +345,11 @@ export class Werk implements INodeType {
 				if (!(await credentials(this)).allowExperimental) return [];
 				return [
 					{ name: 'Evict', value: 'evict', description: 'Evict experts from a memory tier' },
-					{ name: 'Get Many', value: 'getAll', description: 'The experts of a model and their tiers' },
+					{
+						name: 'Get Many',
+						value: 'getAll',
+						description: 'The experts of a model and their tiers',
+					},
 					{ name: 'Prefetch', value: 'prefetch', description: 'Move experts into a memory tier' },
 				];
 			},
@@ -350,7 +373,10 @@ export class Werk implements INodeType {
 				for (const item of await handler(this, i)) out.push({ ...item, pairedItem: { item: i } });
 			} catch (error) {
 				if (this.continueOnFail()) {
-					out.push({ json: { error: redact(String((error as Error).message)) }, pairedItem: { item: i } });
+					out.push({
+						json: { error: redact(String((error as Error).message)) },
+						pairedItem: { item: i },
+					});
 					continue;
 				}
 				failure =

@@ -22,14 +22,22 @@ export const resourceProperty: INodeProperties = {
 	default: 'chat',
 };
 
+type Operation = { name: string; value: string; action: string; description: string };
+
+const operations = (resource: string, options: Operation[], fallback: string): INodeProperties => ({
+	displayName: 'Operation',
+	name: 'operation',
+	type: 'options',
+	noDataExpression: true,
+	displayOptions: show([resource]),
+	options,
+	default: fallback,
+});
+
 export const operationProperties: INodeProperties[] = [
-	{
-		displayName: 'Operation',
-		name: 'operation',
-		type: 'options',
-		noDataExpression: true,
-		displayOptions: show(['capability']),
-		options: [
+	operations(
+		'capability',
+		[
 			{
 				name: 'Get Many',
 				value: 'getAll',
@@ -37,15 +45,11 @@ export const operationProperties: INodeProperties[] = [
 				description: 'What each backend can do now, with its status and reason',
 			},
 		],
-		default: 'getAll',
-	},
-	{
-		displayName: 'Operation',
-		name: 'operation',
-		type: 'options',
-		noDataExpression: true,
-		displayOptions: show(['chat']),
-		options: [
+		'getAll',
+	),
+	operations(
+		'chat',
+		[
 			{
 				name: 'Complete',
 				value: 'complete',
@@ -53,8 +57,8 @@ export const operationProperties: INodeProperties[] = [
 				description: 'Ask a chat model and get its answer',
 			},
 		],
-		default: 'complete',
-	},
+		'complete',
+	),
 	{
 		displayName: 'Operation Name or ID',
 		name: 'operation',
@@ -66,13 +70,9 @@ export const operationProperties: INodeProperties[] = [
 		description:
 			'Offered only when the credential allows experimental capabilities. Choose from the list, or specify an ID using an <a href="https://docs.n8n.io/code/expressions/">expression</a>.',
 	},
-	{
-		displayName: 'Operation',
-		name: 'operation',
-		type: 'options',
-		noDataExpression: true,
-		displayOptions: show(['image']),
-		options: [
+	operations(
+		'image',
+		[
 			{
 				name: 'Generate',
 				value: 'generate',
@@ -80,15 +80,11 @@ export const operationProperties: INodeProperties[] = [
 				description: 'Text to image with a Werk image model',
 			},
 		],
-		default: 'generate',
-	},
-	{
-		displayName: 'Operation',
-		name: 'operation',
-		type: 'options',
-		noDataExpression: true,
-		displayOptions: show(['memory']),
-		options: [
+		'generate',
+	),
+	operations(
+		'memory',
+		[
 			{
 				name: 'Get',
 				value: 'get',
@@ -96,28 +92,30 @@ export const operationProperties: INodeProperties[] = [
 				description: 'Host and accelerator memory, pressure level, Werk-managed bytes',
 			},
 		],
-		default: 'get',
-	},
-	{
-		displayName: 'Operation',
-		name: 'operation',
-		type: 'options',
-		noDataExpression: true,
-		displayOptions: show(['model']),
-		options: [
-			{ name: 'Get Many', value: 'getAll', action: 'Get many models', description: 'Models Werk serves and whether each is loaded' },
+		'get',
+	),
+	operations(
+		'model',
+		[
+			{
+				name: 'Get Many',
+				value: 'getAll',
+				action: 'Get many models',
+				description: 'Models Werk serves and whether each is loaded',
+			},
 			{ name: 'Load', value: 'load', action: 'Load a model', description: 'Start the model now' },
-			{ name: 'Unload', value: 'unload', action: 'Unload a model', description: 'Stop the model and free its memory' },
+			{
+				name: 'Unload',
+				value: 'unload',
+				action: 'Unload a model',
+				description: 'Stop the model and free its memory',
+			},
 		],
-		default: 'getAll',
-	},
-	{
-		displayName: 'Operation',
-		name: 'operation',
-		type: 'options',
-		noDataExpression: true,
-		displayOptions: show(['speech']),
-		options: [
+		'getAll',
+	),
+	operations(
+		'speech',
+		[
 			{
 				name: 'Create',
 				value: 'create',
@@ -125,23 +123,44 @@ export const operationProperties: INodeProperties[] = [
 				description: 'Speak a text (a Werk job, polled to its end) into a WAV file',
 			},
 		],
-		default: 'create',
-	},
-	{
-		displayName: 'Operation',
-		name: 'operation',
-		type: 'options',
-		noDataExpression: true,
-		displayOptions: show(['state']),
-		options: [
-			{ name: 'Decode', value: 'decode', action: 'Decode a prefilled prompt', description: 'Generate from a Prefill handoff (single use)' },
-			{ name: 'Get Many', value: 'getAll', action: 'Get many states', description: 'Your named states' },
-			{ name: 'Pin', value: 'pin', action: 'Pin a state', description: 'Pin or unpin a named state' },
-			{ name: 'Prefill', value: 'prefill', action: 'Prefill a prompt', description: 'Evaluate a prompt now; decode it later, once' },
-			{ name: 'Prune', value: 'prune', action: 'Prune states', description: 'Delete named states (a preview unless Dry Run is off)' },
+		'create',
+	),
+	operations(
+		'state',
+		[
+			{
+				name: 'Decode',
+				value: 'decode',
+				action: 'Decode a prefilled prompt',
+				description: 'Generate from a Prefill handoff (single use)',
+			},
+			{
+				name: 'Get Many',
+				value: 'getAll',
+				action: 'Get many states',
+				description: 'Your named states',
+			},
+			{
+				name: 'Pin',
+				value: 'pin',
+				action: 'Pin a state',
+				description: 'Pin or unpin a named state',
+			},
+			{
+				name: 'Prefill',
+				value: 'prefill',
+				action: 'Prefill a prompt',
+				description: 'Evaluate a prompt now; decode it later, once',
+			},
+			{
+				name: 'Prune',
+				value: 'prune',
+				action: 'Prune states',
+				description: 'Delete named states (a preview unless Dry Run is off)',
+			},
 		],
-		default: 'prefill',
-	},
+		'prefill',
+	),
 ];
 
 const modelField = (resource: string[], operation?: string[]): INodeProperties => ({
@@ -184,10 +203,36 @@ const generation = (resource: string[], operation: string[]): INodeProperties =>
 	default: {},
 	displayOptions: show(resource, operation),
 	options: [
-		{ displayName: 'Max Tokens', name: 'maxTokens', type: 'number', typeOptions: { minValue: 1, maxValue: 65536 }, default: 256, description: 'The most tokens to generate' },
-		{ displayName: 'Seed', name: 'seed', type: 'number', default: 0, description: 'The sampling seed' },
-		{ displayName: 'Stop Sequences', name: 'stop', type: 'string', default: '', description: 'Up to 16 stop sequences, separated by commas' },
-		{ displayName: 'Temperature', name: 'temperature', type: 'number', typeOptions: { minValue: 0, maxValue: 2, numberPrecision: 2 }, default: 0, description: '0 for greedy decoding' },
+		{
+			displayName: 'Max Tokens',
+			name: 'maxTokens',
+			type: 'number',
+			typeOptions: { minValue: 1, maxValue: 65536 },
+			default: 256,
+			description: 'The most tokens to generate',
+		},
+		{
+			displayName: 'Seed',
+			name: 'seed',
+			type: 'number',
+			default: 0,
+			description: 'The sampling seed',
+		},
+		{
+			displayName: 'Stop Sequences',
+			name: 'stop',
+			type: 'string',
+			default: '',
+			description: 'Up to 16 stop sequences, separated by commas',
+		},
+		{
+			displayName: 'Temperature',
+			name: 'temperature',
+			type: 'number',
+			typeOptions: { minValue: 0, maxValue: 2, numberPrecision: 2 },
+			default: 0,
+			description: '0 for greedy decoding',
+		},
 	],
 });
 
@@ -216,7 +261,13 @@ export const fieldProperties: INodeProperties[] = [
 		default: {},
 		displayOptions: show(['state'], ['prefill']),
 		options: [
-			{ displayName: 'Pin', name: 'pin', type: 'boolean', default: false, description: 'Whether to keep the state from pruning' },
+			{
+				displayName: 'Pin',
+				name: 'pin',
+				type: 'boolean',
+				default: false,
+				description: 'Whether to keep the state from pruning',
+			},
 			{
 				displayName: 'Retention',
 				name: 'retention',
@@ -235,12 +286,27 @@ export const fieldProperties: INodeProperties[] = [
 				type: 'options',
 				options: [
 					{ name: 'Disabled', value: 'disabled' },
-					{ name: 'Prefer', value: 'prefer', description: 'Continue a saved state of this prompt (or its longest prefix)' },
-					{ name: 'Required', value: 'required', description: 'Fail unless a saved state is continued' },
+					{
+						name: 'Prefer',
+						value: 'prefer',
+						description: 'Continue a saved state of this prompt (or its longest prefix)',
+					},
+					{
+						name: 'Required',
+						value: 'required',
+						description: 'Fail unless a saved state is continued',
+					},
 				],
 				default: 'disabled',
 			},
-			{ displayName: 'TTL Seconds', name: 'ttlSeconds', type: 'number', typeOptions: { minValue: 0, maxValue: 2592000 }, default: 0, description: 'Expire the state after this many seconds (0: never)' },
+			{
+				displayName: 'TTL Seconds',
+				name: 'ttlSeconds',
+				type: 'number',
+				typeOptions: { minValue: 0, maxValue: 2592000 },
+				default: 0,
+				description: 'Expire the state after this many seconds (0: never)',
+			},
 		],
 	},
 	{
@@ -293,9 +359,21 @@ export const fieldProperties: INodeProperties[] = [
 		default: {},
 		displayOptions: show(['state'], ['prune']),
 		options: [
-			{ displayName: 'Expired Only', name: 'expired', type: 'boolean', default: false, description: 'Whether to select expired states only' },
+			{
+				displayName: 'Expired Only',
+				name: 'expired',
+				type: 'boolean',
+				default: false,
+				description: 'Whether to select expired states only',
+			},
 			{ displayName: 'Model', name: 'model', type: 'string', default: '' },
-			{ displayName: 'Older Than Seconds', name: 'olderThanSeconds', type: 'number', typeOptions: { minValue: 0 }, default: 0 },
+			{
+				displayName: 'Older Than Seconds',
+				name: 'olderThanSeconds',
+				type: 'number',
+				typeOptions: { minValue: 0 },
+				default: 0,
+			},
 		],
 	},
 	{
@@ -325,11 +403,26 @@ export const fieldProperties: INodeProperties[] = [
 		description: 'A speaker of the model (empty: its first)',
 		displayOptions: show(['speech']),
 	},
-	{ displayName: 'Seed', name: 'seed', type: 'number', default: 0, description: 'The same seed gives the same audio', displayOptions: show(['speech']) },
+	{
+		displayName: 'Seed',
+		name: 'seed',
+		type: 'number',
+		default: 0,
+		description: 'The same seed gives the same audio',
+		displayOptions: show(['speech']),
+	},
 	binaryField(['speech']),
 
 	modelField(['image']),
-	{ displayName: 'Prompt', name: 'prompt', type: 'string', typeOptions: { rows: 3 }, required: true, default: '', displayOptions: show(['image']) },
+	{
+		displayName: 'Prompt',
+		name: 'prompt',
+		type: 'string',
+		typeOptions: { rows: 3 },
+		required: true,
+		default: '',
+		displayOptions: show(['image']),
+	},
 	{
 		displayName: 'Options',
 		name: 'imageOptions',
@@ -338,13 +431,46 @@ export const fieldProperties: INodeProperties[] = [
 		default: {},
 		displayOptions: show(['image']),
 		options: [
-			{ displayName: 'Guidance Scale', name: 'guidanceScale', type: 'number', typeOptions: { minValue: 0, maxValue: 30 }, default: 7.5 },
-			{ displayName: 'Height', name: 'height', type: 'number', typeOptions: { minValue: 8, maxValue: 1024 }, default: 512, description: 'A multiple of 8' },
-			{ displayName: 'Images', name: 'n', type: 'number', typeOptions: { minValue: 1, maxValue: 4 }, default: 1, description: 'How many images (one output item each)' },
+			{
+				displayName: 'Guidance Scale',
+				name: 'guidanceScale',
+				type: 'number',
+				typeOptions: { minValue: 0, maxValue: 30 },
+				default: 7.5,
+			},
+			{
+				displayName: 'Height',
+				name: 'height',
+				type: 'number',
+				typeOptions: { minValue: 8, maxValue: 1024 },
+				default: 512,
+				description: 'A multiple of 8',
+			},
+			{
+				displayName: 'Images',
+				name: 'n',
+				type: 'number',
+				typeOptions: { minValue: 1, maxValue: 4 },
+				default: 1,
+				description: 'How many images (one output item each)',
+			},
 			{ displayName: 'Negative Prompt', name: 'negativePrompt', type: 'string', default: '' },
 			{ displayName: 'Seed', name: 'seed', type: 'number', default: 0 },
-			{ displayName: 'Steps', name: 'steps', type: 'number', typeOptions: { minValue: 1, maxValue: 100 }, default: 20 },
-			{ displayName: 'Width', name: 'width', type: 'number', typeOptions: { minValue: 8, maxValue: 1024 }, default: 512, description: 'A multiple of 8' },
+			{
+				displayName: 'Steps',
+				name: 'steps',
+				type: 'number',
+				typeOptions: { minValue: 1, maxValue: 100 },
+				default: 20,
+			},
+			{
+				displayName: 'Width',
+				name: 'width',
+				type: 'number',
+				typeOptions: { minValue: 8, maxValue: 1024 },
+				default: 512,
+				description: 'A multiple of 8',
+			},
 		],
 	},
 	binaryField(['image']),

@@ -26,7 +26,10 @@ export function redact(text: string): string {
 
 export async function credentials(ctx: Context): Promise<WerkCredentials> {
 	const found = (await ctx.getCredentials('werkApi')) as unknown as WerkCredentials;
-	return { ...found, baseUrl: String(found.baseUrl || 'http://127.0.0.1:11434').replace(/\/+$/, '') };
+	return {
+		...found,
+		baseUrl: String(found.baseUrl || 'http://127.0.0.1:11434').replace(/\/+$/, ''),
+	};
 }
 
 /**
