@@ -43,6 +43,19 @@ function generation(ctx: IExecuteFunctions, i: number): IDataObject {
 	return body;
 }
 
+/** One item per entry of a Werk listing, filtered by the model the parameter names (if any). */
+async function listing(
+	ctx: IExecuteFunctions,
+	i: number,
+	filterParameter: string,
+	path: string,
+	key: string,
+): Promise<INodeExecutionData[]> {
+	const model = ctx.getNodeParameter(filterParameter, i, '') as string;
+	const answer = await werkRequest(ctx, 'GET', path, undefined, model ? { model } : undefined);
+	return ((answer[key] as IDataObject[]) ?? []).map((entry) => ({ json: entry }));
+}
+
 async function optIn(ctx: IExecuteFunctions): Promise<boolean> {
 	return Boolean((await credentials(ctx)).allowExperimental);
 }
@@ -119,15 +132,7 @@ const run: Record<string, Record<string, Run>> = {
 			];
 		},
 		async getAll(ctx, i) {
-			const model = ctx.getNodeParameter('modelFilter', i, '') as string;
-			const answer = await werkRequest(
-				ctx,
-				'GET',
-				'/werk/v1/states',
-				undefined,
-				model ? { model } : undefined,
-			);
-			return ((answer.states as IDataObject[]) ?? []).map((state) => ({ json: state }));
+			return listing(ctx, i, 'modelFilter', '/werk/v1/states', 'states');
 		},
 		async pin(ctx, i) {
 			const id = encodeURIComponent(ctx.getNodeParameter('stateId', i) as string);
@@ -238,15 +243,7 @@ const run: Record<string, Record<string, Run>> = {
 	},
 	capability: {
 		async getAll(ctx, i) {
-			const model = ctx.getNodeParameter('capabilityModel', i, '') as string;
-			const answer = await werkRequest(
-				ctx,
-				'GET',
-				'/werk/v1/capabilities',
-				undefined,
-				model ? { model } : undefined,
-			);
-			return ((answer.capabilities as IDataObject[]) ?? []).map((row) => ({ json: row }));
+			return listing(ctx, i, 'capabilityModel', '/werk/v1/capabilities', 'capabilities');
 		},
 	},
 	model: {
