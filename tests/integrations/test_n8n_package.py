@@ -29,9 +29,10 @@ def test_the_manifest_is_a_strict_community_package() -> None:
     assert "n8n-community-node-package" in manifest["keywords"]
     assert manifest["files"] == ["dist"]
     assert "dependencies" not in manifest  # strict: nothing installed at runtime
-    assert manifest["peerDependencies"] == {"n8n-workflow": "*"}
+    assert manifest["peerDependencies"] == {"@n8n/ai-node-sdk": "*", "n8n-workflow": "*"}
     n8n = manifest["n8n"]
     assert n8n["n8nNodesApiVersion"] == 1 and n8n["strict"] is True
+    assert n8n["aiNodeSdkVersion"] == 1  # the Werk Chat Model node (n8n 2.16+)
     for built in n8n["credentials"] + n8n["nodes"]:
         assert (N8N_PACKAGE / built).is_file(), f"{built} is not built: run `make n8n-nodes`"
     lock = json.loads((N8N_PACKAGE / "package-lock.json").read_text())
@@ -58,4 +59,4 @@ def test_every_operation_against_a_real_werk_serve(served: WerkServer) -> None:
         timeout=600,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-6000:] + ran.stderr[-2000:]
-    assert "# fail 0" in ran.stdout and "# pass 8" in ran.stdout, ran.stdout[-2000:]
+    assert "# fail 0" in ran.stdout and "# pass 9" in ran.stdout, ran.stdout[-2000:]

@@ -297,3 +297,26 @@ test('models list for the dropdown; a wrong key says so', async () => {
 		/unauthenticated/,
 	);
 });
+
+test('chat model: the model it supplies answers through Werk', async () => {
+	const { WerkChatModel } = require('../dist/nodes/WerkChatModel/WerkChatModel.node.js');
+	const ctx = context({ model: 'demo', options: { maxTokens: 8, temperature: 0 } });
+	// What n8n's SDK asks of the context besides the node's own calls: the egress filter
+	// (n8n's SSRF guard; 'disabled' here) and the run log its tracing writes.
+	const logged = [];
+	ctx.helpers.getSecureEgressFilter = () => 'disabled';
+	ctx.addInputData = (type, data) => logged.push(['input', type, data]) && { index: 0 };
+	ctx.addOutputData = (type, index, data) => logged.push(['output', type, data]);
+	ctx.logger = { debug() {}, info() {}, warn() {}, error() {} };
+	const { response } = await new WerkChatModel().supplyData.call(ctx, 0);
+	const answer = await response.invoke(PROMPT);
+	assert.equal(answer.content, await oneShot([{ role: 'user', content: PROMPT }], 8));
+	assert.deepEqual(
+		logged.map(([kind, type]) => [kind, type]),
+		[
+			['input', 'ai_languageModel'],
+			['output', 'ai_languageModel'],
+		],
+	);
+	assert.ok(!TOKEN.test(JSON.stringify(answer)));
+});

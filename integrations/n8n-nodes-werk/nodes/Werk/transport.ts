@@ -4,6 +4,7 @@ import type {
 	IHttpRequestMethods,
 	IHttpRequestOptions,
 	ILoadOptionsFunctions,
+	ISupplyDataFunctions,
 	JsonObject,
 } from 'n8n-workflow';
 import { NodeApiError, NodeOperationError } from 'n8n-workflow';
@@ -15,7 +16,7 @@ export interface WerkCredentials {
 	allowExperimental?: boolean;
 }
 
-type Context = IExecuteFunctions | ILoadOptionsFunctions;
+type Context = IExecuteFunctions | ILoadOptionsFunctions | ISupplyDataFunctions;
 
 const TOKEN = /wh_[A-Za-z0-9_-]+/g;
 
