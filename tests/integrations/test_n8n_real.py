@@ -6,7 +6,8 @@ folder (``N8N_CUSTOM_EXTENSIONS``; n8n names its nodes ``CUSTOM.<name>``), the c
 the workflows imported with ``n8n import:credentials`` / ``import:workflow``, each workflow run
 with ``n8n execute --id … --rawOutput``. Workflows: chat, prefill → decode, memory,
 capabilities and models in one; speech and image in another (binary outputs); a decode run
-twice on one prefill. No execution output, log line or error holds a handoff token.
+twice on one prefill; a Basic LLM Chain with the Werk Chat Model, which needs n8n 2.16+. No
+execution output, log line or error holds a handoff token.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _integration_support import DEMO, IMAGE, KEY, N8N_DIR, N8N_PACKAGE, TTS, one_shot
+from _integration_support import (
+    DEMO,
+    IMAGE,
+    KEY,
+    N8N_DIR,
+    N8N_PACKAGE,
+    TTS,
+    chain_version,
+    chain_workflow,
+    one_shot,
+)
 
 from werk.testing.server import WerkServer
 
@@ -119,7 +130,8 @@ def n8n(served: WerkServer, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     data = {"baseUrl": served.base_url, "apiKey": KEY, "allowExperimental": True}
     credential = {**CREDENTIAL, "type": "werkApi", "data": data}
     (root / "credentials.json").write_text(json.dumps([credential]))
-    (root / "workflows.json").write_text(json.dumps(WORKFLOWS))
+    chain = chain_workflow(chain_version(N8N_DIR))  # the Werk Chat Model in an n8n without its SDK
+    (root / "workflows.json").write_text(json.dumps([*WORKFLOWS, chain]))
     for command in ("import:credentials", "import:workflow"):
         what = "credentials" if command == "import:credentials" else "workflows"
         imported = _n8n(env, command, f"--input={root / f'{what}.json'}")
@@ -197,3 +209,11 @@ def test_a_second_decode_of_one_handoff_fails_without_showing_the_token(
     (again,) = execution["data"]["resultData"]["runData"]["Decode again"]
     assert again["executionStatus"] == "error"
     assert "single-use" in json.dumps(again["error"])
+
+
+def test_the_chat_model_says_it_needs_a_newer_n8n(n8n: dict[str, str]) -> None:
+    """n8n 2.8.4 has no AI node SDK: the package still loads (the runs above), and the Werk Chat
+    Model fails its run with what it needs."""
+    execution, printed = _execute(n8n, "werkaichain00001")
+    assert execution["status"] == "error"
+    assert "needs n8n 2.16 or newer" in printed
