@@ -14,23 +14,20 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
-import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from _integration_support import (
+    CREDENTIAL,
     DEMO,
     IMAGE,
-    KEY,
     N8N_DIR,
-    N8N_PACKAGE,
     TTS,
+    N8n,
     chain_version,
     chain_workflow,
+    n8n_with_werk,
     one_shot,
 )
 
@@ -40,7 +37,6 @@ pytestmark = pytest.mark.slow
 
 N8N = N8N_DIR / "node_modules" / ".bin" / "n8n"
 TOKEN = re.compile(r"wh_[A-Za-z0-9_\-]{8,}")
-CREDENTIAL = {"id": "werkcredential01", "name": "Werk"}
 PROMPT = "Name three colours of the sea."
 
 
@@ -111,48 +107,14 @@ WORKFLOWS = [
 
 
 @pytest.fixture(scope="module")
-def n8n(served: WerkServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def n8n(served: WerkServer, tmp_path_factory: pytest.TempPathFactory) -> N8n:
     if not N8N.exists():
         pytest.fail(f"no n8n at {N8N}: run `make n8n-runtime` (make test does)")
-    root = tmp_path_factory.mktemp("n8n")
-    installed = root / "extensions" / "node_modules" / "n8n-nodes-werk"
-    installed.mkdir(parents=True)
-    shutil.copytree(N8N_PACKAGE / "dist", installed / "dist")
-    shutil.copy(N8N_PACKAGE / "package.json", installed / "package.json")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WERK_", "N8N_", "PYTEST_"))}
-    env.update(
-        N8N_USER_FOLDER=str(root / "user"),
-        N8N_CUSTOM_EXTENSIONS=str(root / "extensions"),
-        N8N_ENCRYPTION_KEY="werk-n8n-test-encryption-key",
-        N8N_DIAGNOSTICS_ENABLED="false",
-        N8N_DEFAULT_BINARY_DATA_MODE="default",  # binary data inline in the execution output
-    )
-    data = {"baseUrl": served.base_url, "apiKey": KEY, "allowExperimental": True}
-    credential = {**CREDENTIAL, "type": "werkApi", "data": data}
-    (root / "credentials.json").write_text(json.dumps([credential]))
     chain = chain_workflow(chain_version(N8N_DIR))  # the Werk Chat Model in an n8n without its SDK
-    (root / "workflows.json").write_text(json.dumps([*WORKFLOWS, chain]))
-    for command in ("import:credentials", "import:workflow"):
-        what = "credentials" if command == "import:credentials" else "workflows"
-        imported = _n8n(env, command, f"--input={root / f'{what}.json'}")
-        assert imported.returncode == 0, imported.stdout[-3000:] + imported.stderr[-3000:]
-    yield env
-
-
-def _n8n(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(N8N), *args], env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-
-
-def _execute(env: dict[str, str], workflow_id: str) -> tuple[dict[str, Any], str]:
-    """The execution ``n8n execute --rawOutput`` prints, and everything it printed."""
-    ran = _n8n(env, "execute", f"--id={workflow_id}", "--rawOutput")
-    printed = ran.stdout + ran.stderr
-    start = 0 if ran.stdout.startswith("{") else ran.stdout.find("\n{") + 1
-    assert start >= 0, printed[-4000:]
-    execution, _ = json.JSONDecoder().raw_decode(ran.stdout[start:])  # a failed run adds text
-    return execution, printed
+    return n8n_with_werk(
+        [str(N8N)], tmp_path_factory.mktemp("n8n"), served.base_url, [*WORKFLOWS, chain],
+        allow_experimental=True,
+    )  # fmt: skip
 
 
 def _output(execution: dict[str, Any], node: str) -> list[dict[str, Any]]:
@@ -161,10 +123,8 @@ def _output(execution: dict[str, Any], node: str) -> list[dict[str, Any]]:
     return list(run["data"]["main"][0])
 
 
-def test_chat_prefill_decode_memory_capabilities_models(
-    n8n: dict[str, str], served: WerkServer
-) -> None:
-    execution, printed = _execute(n8n, "werktext00000001")
+def test_chat_prefill_decode_memory_capabilities_models(n8n: N8n, served: WerkServer) -> None:
+    execution, printed = n8n.execute("werktext00000001")
     assert execution["status"] == "success", printed[-4000:]
     assert not TOKEN.search(printed)
     (chat,) = _output(execution, "Chat")
@@ -184,8 +144,8 @@ def test_chat_prefill_decode_memory_capabilities_models(
     assert models == [DEMO, IMAGE, TTS]
 
 
-def test_speech_and_image_as_binary_outputs(n8n: dict[str, str]) -> None:
-    execution, printed = _execute(n8n, "werkmedia0000001")
+def test_speech_and_image_as_binary_outputs(n8n: N8n) -> None:
+    execution, printed = n8n.execute("werkmedia0000001")
     assert execution["status"] == "success", printed[-4000:]
     (speech,) = _output(execution, "Speech")
     wav = base64.b64decode(speech["binary"]["data"]["data"])
@@ -200,9 +160,9 @@ def test_speech_and_image_as_binary_outputs(n8n: dict[str, str]) -> None:
 
 
 def test_a_second_decode_of_one_handoff_fails_without_showing_the_token(
-    n8n: dict[str, str],
+    n8n: N8n,
 ) -> None:
-    execution, printed = _execute(n8n, "werktwice0000001")
+    execution, printed = n8n.execute("werktwice0000001")
     assert execution["status"] == "error"
     assert not TOKEN.search(printed)
     assert _output(execution, "Decode")[0]["json"]["text"] is not None
@@ -211,9 +171,9 @@ def test_a_second_decode_of_one_handoff_fails_without_showing_the_token(
     assert "single-use" in json.dumps(again["error"])
 
 
-def test_the_chat_model_says_it_needs_a_newer_n8n(n8n: dict[str, str]) -> None:
+def test_the_chat_model_says_it_needs_a_newer_n8n(n8n: N8n) -> None:
     """n8n 2.8.4 has no AI node SDK: the package still loads (the runs above), and the Werk Chat
     Model fails its run with what it needs."""
-    execution, printed = _execute(n8n, "werkaichain00001")
+    execution, printed = n8n.execute("werkaichain00001")
     assert execution["status"] == "error"
     assert "needs n8n 2.16 or newer" in printed
