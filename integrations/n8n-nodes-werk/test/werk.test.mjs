@@ -1,10 +1,11 @@
 // Every operation of the Werk node against a real `werk serve` (WERK_URL, WERK_API_KEY; the
 // demo models: `demo` (llama.cpp), `tiny-image`, `tiny-tts`). Run by `make test` through
-// tests/n8n_nodes/test_n8n_package.py, which starts the server.
+// tests/integrations/test_n8n_package.py, which starts the server.
 //
 // `context()` stands for n8n's execution context (n8n itself runs these operations in
-// tests/n8n_nodes/test_n8n_real.py): parameters, the credential, the generic Bearer
-// authentication the credential declares, an HTTP request like n8n's (`json`, `qs`,
+// tests/integrations/test_n8n_real.py): parameters, the credential, the Bearer header the
+// credential's `authenticate` expression gives (n8n evaluates it; here it is checked to be
+// that expression and applied by hand), an HTTP request like n8n's (`json`, `qs`,
 // `encoding: 'arraybuffer'`; a failed request throws n8n-workflow's NodeApiError around an
 // error carrying the response, as n8n-core does) and prepareBinaryData.
 import assert from 'node:assert/strict';
@@ -43,7 +44,7 @@ function context(params, { allowExperimental = true, key = KEY } = {}) {
 				for (const [k, v] of Object.entries(options.qs ?? {})) url.searchParams.set(k, String(v));
 				const headers = {};
 				const auth = new WerkApi().authenticate.properties.headers.Authorization;
-				assert.ok(auth.startsWith('={{'));
+				assert.equal(auth, '={{$credentials.apiKey ? "Bearer " + $credentials.apiKey : ""}}');
 				if (creds.apiKey) headers.Authorization = `Bearer ${creds.apiKey}`;
 				if (options.body !== undefined) headers['Content-Type'] = 'application/json';
 				const answer = await fetch(url, {
