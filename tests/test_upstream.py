@@ -478,3 +478,38 @@ async def test_a_reply_that_is_not_a_json_object_or_not_a_stream_is_refused(
     with pytest.raises(werk.BackendError, match="did not stream"):
         await openai_upstream(client, "/v1/x", BODY, stream=True, what="X", on_close=closes)
     assert closes.count == 1
+
+
+def all_at_once(pieces: list[bytes]) -> Answer:
+    """The head and every piece (one chunk each) in one write, then nothing more until the
+    client closes the connection."""
+
+    async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+        )
+        await writer.drain()
+        await reader.read()
+
+    return run
+
+
+@pytest.mark.anyio
+async def test_payloads_at_hand_are_taken_together_and_a_failure_after_them_still_raises(
+    upstream: tuple[Server, LoopbackClient],
+) -> None:
+    server, client = upstream
+    events = [b'data: {"model": "theirs", "n": %d}\n\n' % n for n in range(3)]
+    server.script = [all_at_once([*events, b'data: {"error": {"message": "secret"}}\n\n'])]
+    reply = await openai_upstream(client, "/v1/x", BODY, stream=True, what="X")
+    assert isinstance(reply.stream, UpstreamSSE)
+    stream = werk.RewrittenStream(reply.stream, werk.renamed("ours"))
+    # one small write on loopback arrives in one read: the head and every event with it
+    taken = [await stream.__anext__(), *stream.take_ready()]
+    assert taken == [b'{"model":"ours","n":%d}' % n for n in range(3)]
+    assert stream.take_ready() == []  # nothing at hand: the next one is awaited
+    with pytest.raises(werk.BackendError, match="X failed while streaming"):
+        await stream.__anext__()
+    await stream.aclose()

@@ -160,6 +160,10 @@ class _Connection(asyncio.Protocol):
             finally:
                 timer.cancel()
                 self._waiter = None
+        return self.take_received()
+
+    def take_received(self) -> bytes:
+        """The bytes received so far and not yet taken, without waiting (maybe ``b""``)."""
         if not self._chunks:
             return b""
         data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
@@ -267,13 +271,12 @@ class LoopbackResponse:
     async def _chunks(self, connection: _Connection) -> AsyncIterator[bytes]:
         timeout = self._client.read_timeout
         while True:
+            complete = _complete_chunks(connection)
+            if complete:
+                yield complete
+                continue
             line = await _read_line(connection, timeout)
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise BrokenResponse("the response has an invalid chunk size") from None
-            if size < 0:
-                raise BrokenResponse("the response has an invalid chunk size")
+            size = _chunk_size(line)
             if size == 0:
                 while await _read_line(connection, timeout):
                     pass  # trailer fields, up to the empty line
@@ -301,6 +304,46 @@ class LoopbackResponse:
             await self._client._release(connection)
         else:
             await connection.close()
+
+
+def _chunk_size(line: bytes) -> int:
+    try:
+        size = int(line.split(b";", 1)[0].strip(), 16)
+    except ValueError:
+        raise BrokenResponse("the response has an invalid chunk size") from None
+    if size < 0:
+        raise BrokenResponse("the response has an invalid chunk size")
+    return size
+
+
+def _complete_chunks(connection: _Connection) -> bytes:
+    """The data of every whole chunk already received, joined, without waiting (``b""`` when
+    the next chunk is not complete yet, or is the last one).
+
+    A streamed reply's events arrive one chunk each, often several in one read; taking them
+    together lets the relay pass them on in one write instead of one per event (each write to
+    a client on loopback is also where that client gets scheduled). Anything unusual (a bad
+    size, the last chunk) is left for the incremental path, which reads and checks it.
+    """
+    buffer = connection.buffer + connection.take_received()
+    parts: list[bytes] = []
+    start = 0
+    while True:
+        end = buffer.find(b"\r\n", start)
+        if end < 0:
+            break
+        try:
+            size = int(buffer[start:end].split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            break
+        data_start = end + 2
+        data_end = data_start + size
+        if size <= 0 or buffer[data_end : data_end + 2] != b"\r\n":
+            break  # the last chunk, a bad one, or one not complete yet
+        parts.append(buffer[data_start:data_end])
+        start = data_end + 2
+    connection.buffer = buffer[start:] if start else buffer
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 async def _read_line(connection: _Connection, timeout: float) -> bytes:

@@ -360,6 +360,15 @@ class UpstreamSSE:
             await self.aclose()
             raise
 
+    def take_ready(self) -> list[bytes]:
+        """The payloads already received and decoded, handed over without waiting (``[]``
+        when the next one must be awaited): the host relays them in one write."""
+        if not self._ready:
+            return []
+        ready = list(self._ready)
+        self._ready.clear()
+        return ready
+
     async def _fill(self) -> None:
         exchange = self._exchange
         try:
@@ -448,7 +457,14 @@ class RewrittenStream:
         return self
 
     async def __anext__(self) -> bytes:
-        payload = await self._upstream.__anext__()
+        return self._rewritten(await self._upstream.__anext__())
+
+    def take_ready(self) -> list[bytes]:
+        """The upstream's payloads at hand, rewritten (see :meth:`UpstreamSSE.take_ready`)."""
+        take = getattr(self._upstream, "take_ready", None)
+        return [self._rewritten(payload) for payload in take()] if take is not None else []
+
+    def _rewritten(self, payload: bytes) -> bytes:
         try:
             chunk = msgspec.json.decode(payload)
         except msgspec.DecodeError:

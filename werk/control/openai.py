@@ -169,10 +169,25 @@ class ContainedStream:
         except (StopAsyncIteration, WerkError):
             raise
         except Exception:
-            log.exception("the streamed reply of backend %r failed", self._backend)
-            raise BackendError(
-                f"backend {self._backend!r} failed while streaming its reply"
-            ) from None
+            raise self._failed() from None
+
+    def take_ready(self) -> list[bytes]:
+        """The payloads the backend's stream has at hand without waiting (``[]`` when it
+        cannot say: its ``take_ready`` is optional)."""
+        take = getattr(self._stream, "take_ready", None)
+        if take is None:
+            return []
+        try:
+            ready: list[bytes] = take()
+        except WerkError:
+            raise
+        except Exception:
+            raise self._failed() from None
+        return ready
+
+    def _failed(self) -> BackendError:
+        log.exception("the streamed reply of backend %r failed", self._backend)
+        return BackendError(f"backend {self._backend!r} failed while streaming its reply")
 
     async def aclose(self) -> None:
         if self._closed:

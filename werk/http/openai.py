@@ -113,10 +113,16 @@ class ClosingStreamingResponse(StreamingResponse):
 
 
 def _sse(stream: AsyncIterator[bytes], request_id: str) -> AsyncIterator[bytes]:
+    take_ready: Callable[[], list[bytes]] | None = getattr(stream, "take_ready", None)
+
     async def relay() -> AsyncIterator[bytes]:
         try:
             async for payload in stream:
-                yield b"data: " + payload + b"\n\n"
+                more = take_ready() if take_ready is not None else None
+                if more:  # payloads already at hand go out in one write
+                    yield b"".join(b"data: " + p + b"\n\n" for p in (payload, *more))
+                else:
+                    yield b"data: " + payload + b"\n\n"
         except Exception as exc:
             err = to_werk_error(exc, request_id)
             body = {
