@@ -3,9 +3,13 @@ download itself is tested against a hub stand-in in werk-llamacpp's tests)."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 
 from werk import InvalidRequest
+from werk.hub_resume import _matches
 from werk.model_pull import _pick_gguf, parse_source
 
 REPO = "acme/Tiny-GGUF"
@@ -59,3 +63,23 @@ def test_an_ambiguous_or_unknown_choice_lists_the_files(selector: str | None, re
     with pytest.raises(InvalidRequest, match=reason) as refused:
         _pick_gguf(REPO, FILES, selector)
     assert "tiny-Q4_K_M.gguf, tiny-Q4_K_S.gguf, tiny-Q8_0.gguf" in refused.value.message
+
+
+@pytest.mark.parametrize("kind", ["sha256", "git-blob", "opaque"])
+def test_a_finished_download_is_checked_against_the_etag_it_was_fetched_for(
+    tmp_path: Path, kind: str
+) -> None:
+    """The hub's ETag is the SHA-256 of a large (LFS) file and the git blob id of a small one;
+    any other ETag leaves the size as the only check."""
+    data = b"weights" * 100
+    etag = {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "git-blob": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
+        "opaque": "w/abc",
+    }[kind]
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    assert _matches(path, etag, len(data))
+    assert not _matches(path, etag, len(data) + 1)
+    path.write_bytes(data[:-1] + b"X")
+    assert _matches(path, etag, len(data)) is (kind == "opaque")

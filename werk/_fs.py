@@ -34,6 +34,7 @@ __all__ = [
     "create_private_file",
     "fault",
     "fsync_dir",
+    "fsync_directory",
     "fsync_file",
     "lstat_at",
     "make_private_dir",
@@ -178,6 +179,15 @@ def fsync_dir(fd: int) -> None:
     """``fsync`` a directory so a create, rename or unlink inside it is durable."""
     fault("fsync_dir")
     os.fsync(fd)
+
+
+def fsync_directory(path: str | os.PathLike[str]) -> None:
+    """:func:`fsync_dir` for a directory named by its path."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    try:
+        fsync_dir(fd)
+    finally:
+        os.close(fd)
 
 
 def create_private_file(dir_fd: int, name: str, data: bytes) -> None:

@@ -7,10 +7,10 @@ or by a case-insensitive part of it (``Q4_K_M``); a split GGUF (``-00001-of-0000
 downloads every part and imports the first. A repository without GGUF files is a model
 directory (``config.json`` or ``model_index.json``) and is downloaded whole. Nothing is imported
 until every file is complete. huggingface_hub retries a dropped connection itself within the
-run; a pull stopped with Ctrl+C leaves neither a model nor a partial file (the client
-downloads into a per-process temporary file) and starts the file again next time. With
-``HF_HUB_OFFLINE=1`` the file listing comes from the cache, so a cached repository is pulled
-(imported) without the hub.
+run; a pull stopped with Ctrl+C leaves no model, and the next pull resumes the file it was
+downloading from the last byte written (:mod:`werk.hub_resume`). With ``HF_HUB_OFFLINE=1`` the
+file listing comes from the cache, so a cached repository is pulled (imported) without the
+hub.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import msgspec
 
+from .hub_resume import fetch_resumable
 from .model_stores import cached_model_revisions, hub_client
 from .protocol import InvalidRequest, NotFound, Unavailable, WerkError
 
@@ -119,11 +120,13 @@ def pull(source: str, *, revision: str | None = None) -> Pulled:
             ]
         )
         ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
+        online = not constants.HF_HUB_OFFLINE
         if ggufs:
-            paths = [
-                hub.hf_hub_download(repo, name, revision=revision)
-                for name in _pick_gguf(repo, ggufs, selector)
-            ]
+            paths = []
+            for name in _pick_gguf(repo, ggufs, selector):
+                if online:
+                    fetch_resumable(hub, repo, name, revision)
+                paths.append(hub.hf_hub_download(repo, name, revision=revision))
             first = Path(paths[0]).name
             suggested = re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", first, flags=re.IGNORECASE)
             return Pulled(paths=(paths[0],), format="gguf", suggested_id=suggested)
@@ -132,6 +135,9 @@ def pull(source: str, *, revision: str | None = None) -> Pulled:
             raise InvalidRequest(f"{repo} holds no GGUF file, config.json or model_index.json")
         if selector is not None:
             raise InvalidRequest(f"{repo} is a model directory: pull it without :{selector}")
+        if online:
+            for name in files:
+                fetch_resumable(hub, repo, name, revision)
         folder = hub.snapshot_download(repo, revision=revision)
     except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError) as exc:
         raise NotFound(f"hf:{repo}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None

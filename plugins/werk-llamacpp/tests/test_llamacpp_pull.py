@@ -2,8 +2,9 @@
 stand-in for the Hugging Face Hub (no network here). The stand-in speaks the part of the hub API
 the client uses for a pull: ``GET /api/models/{repo}/tree/{revision}`` (the file listing) and
 ``HEAD``/``GET /{repo}/resolve/{revision}/{file}`` (``X-Repo-Commit``, ``ETag``, ``Range``). The
-repository holds two quantisations of the generated demo GGUF; the pulled one is served by a
-real llama-server."""
+repository holds two "quantisations": the generated MoE demo GGUF (~27 MB, more than the
+client's 10 MiB write unit, so an interrupted download leaves bytes to resume from) and the tiny
+one; the pulled one is served by a real llama-server."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import json
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,9 +22,11 @@ from test_llamacpp_process_support import (
     WERK,
     demo_model,
     needs_llama_server,
+    wait_until,
     werk_env,
     werk_serve,
 )
+from werk_llamacpp.demo import create_demo_model
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +40,7 @@ class Hub:
 
     def __init__(self, files: dict[str, bytes]) -> None:
         self.files = files
+        self.ranges: list[tuple[str, str]] = []
         self.stall = threading.Event()
         self.release = threading.Event()
         self.stalled = threading.Event()
@@ -77,6 +80,7 @@ def handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                     self._send(200, data, headers, body=False)
                     return
                 if wanted:
+                    hub.ranges.append((path[len(resolve) :], wanted))
                     start = int(wanted.removeprefix("bytes=").split("-")[0])
                     headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
                     self._send(206, data[start:], headers, body)
@@ -112,8 +116,10 @@ def handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[tuple[Hub, str]]:
-    gguf = demo_model(tmp_path / "demo").read_bytes()
-    state = Hub({"tiny-F16.gguf": gguf, "tiny-Q8_0.gguf": gguf + b"", "README.md": b"# tiny"})
+    moe = tmp_path / "moe.gguf"
+    create_demo_model(moe, seed=0, size="moe")
+    tiny = demo_model(tmp_path / "demo").read_bytes()
+    state = Hub({"tiny-F16.gguf": moe.read_bytes(), "tiny-Q8_0.gguf": tiny, "README.md": b"# t"})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler(state))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -132,6 +138,11 @@ def pull_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "HF_HUB_DISABLE_XET": "1",
     }
+
+
+def blobs(tmp_path: Path) -> Path:
+    """Where the Hugging Face cache keeps the repository's file contents, by ETag."""
+    return tmp_path / "hf" / f"models--{REPO.replace('/', '--')}" / "blobs"
 
 
 def werk(home: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -158,11 +169,14 @@ def test_a_quantisation_must_be_chosen_and_unknown_repositories_are_named(
 
 
 @needs_llama_server
-def test_an_interrupted_pull_leaves_nothing_and_the_next_one_serves_a_chat(
+def test_an_interrupted_pull_leaves_no_model_resumes_and_the_next_one_serves_a_chat(
     tmp_path: Path, hub: tuple[Hub, str]
 ) -> None:
     state, endpoint = hub
     env, home = pull_env(tmp_path, endpoint), tmp_path / "home"
+    data = state.files["tiny-F16.gguf"]
+    etag = hashlib.sha256(data).hexdigest()
+    partial = blobs(tmp_path) / f"{etag}.werk-partial"
     state.stall.set()  # the download stalls halfway: the user presses Ctrl+C
     first = subprocess.Popen(
         [str(WERK), "models", "pull", f"hf:{REPO}:f16"],
@@ -172,30 +186,34 @@ def test_an_interrupted_pull_leaves_nothing_and_the_next_one_serves_a_chat(
         text=True,
     )
     assert state.stalled.wait(60), "the download never started"
-    time.sleep(0.5)  # the client is mid-download, its temporary file open
+    # The client writes what it received in 10 MiB pieces: wait until the first is on disk.
+    assert wait_until(lambda: partial.exists() and partial.stat().st_size > 0, 60)
     first.send_signal(signal.SIGINT)  # Ctrl+C
     first.communicate(timeout=30)
     assert first.returncode != 0
     state.stall.clear()
     state.release.set()
     assert not (home / "models").exists() or not list((home / "models").glob("*.json"))
-    # huggingface_hub (2.x) downloads into a per-process temporary file and deletes it when the
-    # download fails, so nothing half-written stays in the cache either.
-    assert not list((tmp_path / "hf").rglob("*.incomplete"))
+    kept = partial.stat().st_size
+    assert 0 < kept < len(data) and partial.read_bytes() == data[:kept]
+    assert not (blobs(tmp_path) / etag).exists()  # no complete file, nothing in the snapshot
     assert not [p for p in (tmp_path / "hf").rglob("*.gguf")]
 
     # The client draws its bar on a terminal; TQDM_POSITION=-1 draws it into the pipe too.
     done = werk(home, {**env, "TQDM_POSITION": "-1"}, "models", "pull", f"hf:{REPO}:f16", "--json")
     assert done.returncode == 0, done.stderr
+    assert state.ranges == [("tiny-F16.gguf", f"bytes={kept}-")]  # only the rest was asked for
+    assert f"resuming tiny-F16.gguf at {kept} of {len(data)} bytes" in done.stderr
     # The client's progress bar: the file, a percentage, the bytes and the speed.
     assert "tiny-F16.gguf" in done.stderr and "100%" in done.stderr, done.stderr
-    assert "1.13M/1.13M" in done.stderr and "B/s" in done.stderr, done.stderr
+    assert "27.6M/27.6M" in done.stderr and "B/s" in done.stderr, done.stderr
+    assert "10.5M/27.6M" in done.stderr  # the bar starts where the last pull stopped
     manifest = json.loads(done.stdout)
     assert (manifest["id"], manifest["backend"]) == ("tiny-F16", "llamacpp")
-    assert (
-        manifest["files"][0]["sha256"] == hashlib.sha256(state.files["tiny-F16.gguf"]).hexdigest()
-    )
+    assert manifest["files"][0]["sha256"] == etag
+    assert (blobs(tmp_path) / etag).read_bytes() == data
     assert not list((tmp_path / "hf").rglob("*.incomplete"))
+    assert not list((tmp_path / "hf").rglob("*.werk-partial"))
 
     # Offline, the cached repository is pulled (imported) again without the hub.
     offline_env = {**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
@@ -214,3 +232,27 @@ def test_an_interrupted_pull_leaves_nothing_and_the_next_one_serves_a_chat(
         answer = client.post("/v1/chat/completions", json=chat)
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["completion_tokens"] > 0
+
+
+def test_a_partial_download_that_does_not_match_the_hub_is_discarded(
+    tmp_path: Path, hub: tuple[Hub, str]
+) -> None:
+    """Bytes left by an earlier pull that are not the file's (another tool wrote there, a disk
+    fault): the completed file fails the hub's checksum, is deleted, and the pull after it
+    downloads the whole file."""
+    state, endpoint = hub
+    env, home = pull_env(tmp_path, endpoint), tmp_path / "home"
+    data = state.files["tiny-Q8_0.gguf"]
+    etag = hashlib.sha256(data).hexdigest()
+    partial = blobs(tmp_path) / f"{etag}.werk-partial"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"\0" * 1000)
+    bad = werk(home, env, "models", "pull", f"hf:{REPO}:Q8_0")
+    assert bad.returncode == 1 and "did not match the hub's checksum" in bad.stderr, bad.stderr
+    assert state.ranges == [("tiny-Q8_0.gguf", "bytes=1000-")]
+    assert not partial.exists() and not (blobs(tmp_path) / etag).exists()
+    assert not (home / "models").exists() or not list((home / "models").glob("*.json"))
+    good = werk(home, env, "models", "pull", f"hf:{REPO}:Q8_0", "--json")
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["files"][0]["sha256"] == etag
+    assert len(state.ranges) == 1  # the whole file, no Range
