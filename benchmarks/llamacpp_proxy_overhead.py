@@ -183,6 +183,35 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def print_modes(through: Sequence[float], straight: Sequence[float]) -> None:
+    """When the pooled latencies form two clear modes (a backend whose scheduler answers either
+    fast or one cycle later), print each side's share in the slow mode and the added p50 within
+    each mode: the overall p50 then lands in whichever mode holds half of a side's requests, and
+    the difference of two such medians says little about the relay."""
+    pooled = sorted([*through, *straight])
+    low, high = pooled[0], pooled[-1]
+    for _ in range(50):  # two-means in one dimension
+        split = (low + high) / 2
+        fast = [v for v in pooled if v <= split]
+        slow = [v for v in pooled if v > split]
+        if not fast or not slow:
+            return
+        low, high = statistics.fmean(fast), statistics.fmean(slow)
+    spread = max(statistics.pstdev(fast), statistics.pstdev(slow))
+    if min(len(fast), len(slow)) < len(pooled) // 10 or high - low < 4 * spread:
+        return  # one mode (or no clear second one): the p50 figures stand as they are
+    split = (low + high) / 2
+    print(f"  two modes (about {low * 1e3:.1f} and {high * 1e3:.1f} ms):")
+    for name, values in (("werk  ", through), ("direct", straight)):
+        share = sum(v > split for v in values) / len(values)
+        print(f"    {name} {share:6.1%} of requests in the slow mode")
+    for mode, keep in (("fast", lambda v: v <= split), ("slow", lambda v: v > split)):
+        a, b = [v for v in through if keep(v)], [v for v in straight if keep(v)]
+        if a and b:
+            added = (statistics.median(a) - statistics.median(b)) * 1e3
+            print(f"    added p50 within the {mode} mode {added:+.3f} ms ({len(a)} / {len(b)})")
+
+
 def _post(client: httpx.Client, body: dict[str, Any]) -> float:
     start = time.perf_counter()
     answer = client.post("/v1/chat/completions", json=body)
@@ -255,6 +284,7 @@ def sequential(
     added = (statistics.median(through) - statistics.median(straight)) * 1e3
     ratio = statistics.median(through) / statistics.median(straight)
     print(f"  added p50 {added:+.3f} ms   p50 ratio werk/direct {ratio:.3f}")
+    print_modes(through, straight)
     return added, LAST_CPU[0]
 
 
@@ -299,6 +329,7 @@ def streamed(
     )
     added = (statistics.median(through) - statistics.median(straight)) * 1e3
     print(f"  added p50 to the first content byte {added:+.3f} ms")
+    print_modes(through, straight)
     return added
 
 
