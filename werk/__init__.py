@@ -34,9 +34,6 @@ if TYPE_CHECKING:
         ExpertReport,
         ModelFacts,
         ModelSpec,
-        NativeChatCache,
-        NativeContext,
-        NativeDir,
         OpenAICall,
         OpenAIReply,
         OpenAIRoute,
@@ -46,7 +43,6 @@ if TYPE_CHECKING:
         Runtime,
         RuntimeRequirement,
         StateKind,
-        TurnOutcome,
     )
     from .cache.entry import CacheEntry
     from .companion import CompanionStream, CompanionWorker, WorkerGone
@@ -87,6 +83,7 @@ if TYPE_CHECKING:
         ModelManifest,
         ModelRegistry,
     )
+    from .native_chat import NativeChatCache, NativeContext, NativeDir, TurnOutcome
     from .plugins import (
         ENTRY_POINT_GROUP,
         WerkPluginManager,
@@ -169,9 +166,9 @@ _HOME: dict[str, str] = {
     "ExpertReport": ".backends",
     "ModelFacts": ".backends",
     "ModelSpec": ".backends",
-    "NativeChatCache": ".backends",
-    "NativeContext": ".backends",
-    "NativeDir": ".backends",
+    "NativeChatCache": ".native_chat",
+    "NativeContext": ".native_chat",
+    "NativeDir": ".native_chat",
     "OpenAICall": ".backends",
     "OpenAIReply": ".backends",
     "OpenAIRoute": ".backends",
@@ -181,7 +178,7 @@ _HOME: dict[str, str] = {
     "Runtime": ".backends",
     "RuntimeRequirement": ".backends",
     "StateKind": ".backends",
-    "TurnOutcome": ".backends",
+    "TurnOutcome": ".native_chat",
     "CacheEntry": ".cache.entry",
     "werk_home": ".config",
     "whole_number_setting": ".config",

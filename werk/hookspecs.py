@@ -43,8 +43,6 @@ if TYPE_CHECKING:
         ExpertMove,
         ExpertMoveOutcome,
         ExpertReport,
-        NativeChatCache,
-        NativeContext,
         OpenAICall,
         OpenAIReply,
         PrefillCall,
@@ -54,6 +52,7 @@ if TYPE_CHECKING:
     from .cache.entry import CacheEntry
     from .demos import DemoModel
     from .environments import EnvironmentSpec
+    from .native_chat import NativeChatCache, NativeContext
 
 PROJECT_NAME = "werk"
 

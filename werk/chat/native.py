@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from ..backends import NativeChatCache, NativeContext, TurnOutcome
+from ..native_chat import NativeChatCache, NativeContext, TurnOutcome
 from ..plugins import WerkPluginManager, await_me_maybe
 from ..protocol import Unsupported, WerkError
 

@@ -50,11 +50,12 @@ from ..memory.relief import ReliefAction, ReliefCandidate
 from ..plugins import WerkPluginManager
 from ..protocol import CapabilityId, Unavailable, WerkError
 from . import admission
+from .runtime_entries import LoadingEntry, RuntimeEntry
 
 if TYPE_CHECKING:
     from .volatile import VolatileStates
 
-__all__ = ["DEFAULT_KEEP_ALIVE_SECONDS", "KeepAlive", "RuntimeEntry", "RuntimeManager", "Use"]
+__all__ = ["DEFAULT_KEEP_ALIVE_SECONDS", "KeepAlive", "RuntimeManager", "Use"]
 
 log = logging.getLogger("werk.runtimes")
 
@@ -68,41 +69,6 @@ class KeepAlive(msgspec.Struct, frozen=True):
     """A request's own keep-alive: ``seconds`` idle before unloading, ``None`` = never."""
 
     seconds: float | None
-
-
-class RuntimeEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One loaded runtime as ``werk ps`` shows it.
-
-    :ivar started_at: wall-clock seconds when it was started.
-    :ivar busy: uses in progress (requests, streams, prefills…).
-    :ivar idle_until: wall-clock seconds when it will be unloaded if nothing uses it; ``None``
-        while busy or when its keep-alive is "never".
-    :ivar keep_alive: the keep-alive that applies when it next goes idle (``None``: never).
-    :ivar reserved: the bytes reserved for it (its requirement), ``None`` when unaccounted.
-    """
-
-    runtime: Runtime
-    started_at: float
-    busy: int
-    idle_until: float | None
-    keep_alive: float | None
-    reserved: int | None = None
-
-
-class LoadingEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A runtime being started, as ``werk ps`` shows it.
-
-    :ivar phase: ``reserving memory`` (waiting for room), ``opening files`` (file leases) or
-        ``starting`` (the backend loads the model and waits for its readiness).
-    :ivar since: wall-clock seconds when the start began.
-    :ivar waiting: requests waiting for this start (the one that began it included).
-    """
-
-    model: str
-    backend: str
-    phase: str
-    since: float
-    waiting: int
 
 
 class Use:
