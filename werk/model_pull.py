@@ -4,13 +4,13 @@ its own client (``huggingface_hub``: the standard cache, resumable downloads, ``
 
 A GGUF repository holds one file per quantisation: the selector picks one, by exact file name
 or by a case-insensitive part of it (``Q4_K_M``); a split GGUF (``-00001-of-00003.gguf``)
-downloads every part and imports the first. A repository without GGUF files is a model
-directory (``config.json`` or ``model_index.json``) and is downloaded whole. Nothing is imported
-until every file is complete. huggingface_hub retries a dropped connection itself within the
-run; a pull stopped with Ctrl+C leaves no model, and the next pull resumes the file it was
-downloading from the last byte written (:mod:`werk.hub_resume`). With ``HF_HUB_OFFLINE=1`` the
-file listing comes from the cache, so a cached repository is pulled (imported) without the
-hub.
+downloads and imports every part (llama.cpp starts on the first). A repository without GGUF
+files is a model directory (``config.json`` or ``model_index.json``) and is downloaded whole.
+Nothing is imported until every file is complete. huggingface_hub retries a dropped connection
+itself within the run; a pull stopped with Ctrl+C leaves no model, and the next pull resumes
+the file it was downloading from the last byte written (:mod:`werk.hub_resume`). With
+``HF_HUB_OFFLINE=1`` the file listing comes from the cache, so a cached repository is pulled
+(imported) without the hub.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def pull(source: str, *, revision: str | None = None) -> Pulled:
                 paths.append(hub.hf_hub_download(repo, name, revision=revision))
             first = Path(paths[0]).name
             suggested = re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", first, flags=re.IGNORECASE)
-            return Pulled(paths=(paths[0],), format="gguf", suggested_id=suggested)
+            return Pulled(paths=tuple(paths), format="gguf", suggested_id=suggested)
         marker = "model_index.json" if "model_index.json" in files else "config.json"
         if marker not in files:
             raise InvalidRequest(f"{repo} holds no GGUF file, config.json or model_index.json")

@@ -9,10 +9,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_llamacpp_process_support import WERK, create_demo, werk_env
+from test_llamacpp_process_support import (
+    WERK,
+    create_demo,
+    demo_model,
+    needs_llama_server,
+    split_demo_model,
+    werk_env,
+    werk_serve,
+)
 from werk_llamacpp.demo import create_demo_model
 from werk_llamacpp.model_facts import inspect_model, quantization_name
-from werk_llamacpp.requirement import requirement_for
+from werk_llamacpp.requirement import header_facts, requirement_for
 
 from werk import InvalidRequest, ModelSpec
 
@@ -93,3 +101,53 @@ def test_import_refuses_junk_and_show_prints_the_facts(tmp_path: Path) -> None:
     )
     missing = werk(home, "models", "show", "nope")
     assert missing.returncode == 1 and "not imported" in missing.stderr
+
+
+def test_a_split_gguf_is_imported_with_every_part_and_counted_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp starts on the first part and reads the others beside it; the model's identity,
+    parameters and weights cover every part, and a record of its header holds only while no
+    part changed."""
+    first, second = split_demo_model(tmp_path / "split")
+    whole = inspect_model(spec(demo_model(tmp_path / "split" / "whole")))
+    home = tmp_path / "home"
+    alone = werk(home, "models", "import", str(first), "--id", "split")
+    assert alone.returncode == 1
+    assert "first of 2 files of a split GGUF: import every part" in alone.stderr
+    assert f"werk models import {first} {second}" in alone.stderr
+    wrong = werk(home, "models", "import", str(second), "--id", "split")
+    assert wrong.returncode == 1 and "give its first part" in wrong.stderr, wrong.stderr
+    done = werk(home, "models", "import", str(first), str(second), "--id", "split", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [Path(f["path"]).name for f in json.loads(done.stdout)["files"]] == [
+        first.name,
+        second.name,
+    ]
+    shown = json.loads(werk(home, "models", "show", "split", "--json").stdout)["facts"]
+    assert shown["parameters"] == whole.parameters
+    assert whole.memory is not None
+    assert (
+        dict(map(tuple, shown["memory"]["parts"]))["weights"] == dict(whole.memory.parts)["weights"]
+    )
+    # A changed part: the model's identity no longer holds (the host says so) …
+    second.write_bytes(b"not a gguf any more")
+    again = werk(home, "models", "show", "split")
+    assert again.returncode == 1 and f"{second.name} changed since import" in again.stderr
+    # … and the header record cached for the first part is not used: every part is read again.
+    monkeypatch.setenv("WERK_HOME", str(home))
+    with pytest.raises(InvalidRequest, match=f"{second.name} \\(a part of {first.name}\\)"):
+        header_facts(first)
+
+
+@needs_llama_server
+def test_a_split_gguf_serves_a_chat(tmp_path: Path) -> None:
+    first, second = split_demo_model(tmp_path / "split")
+    home = tmp_path / "home"
+    done = werk(home, "models", "import", str(first), str(second), "--id", "split")
+    assert done.returncode == 0, done.stderr
+    with werk_serve(home, ("--model", "split")) as served, served.client() as client:
+        chat = {"model": "split", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        answer = client.post("/v1/chat/completions", json=chat)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] > 0

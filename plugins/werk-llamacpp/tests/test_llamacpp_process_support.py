@@ -45,6 +45,24 @@ def demo_model(directory: Path) -> Path:
     return path
 
 
+def split_demo_model(directory: Path, parts: int = 2) -> list[Path]:
+    """The tiny demo model rewritten as a split GGUF (``demo-0000K-of-0000N.gguf``, the layout
+    llama.cpp's ``gguf-split`` writes: every metadata key in the first part, each part with
+    ``split.no``/``split.count``/``split.tensors.count``), by gguf-py's own copy and split."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+
+    reader = gguf.GGUFReader(str(demo_model(directory / "whole")))
+    directory.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(
+        directory / "demo.gguf",
+        gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA],
+        split_max_tensors=-(-len(reader.tensors) // parts),
+    )
+    copy_with_new_metadata(reader, writer, {}, [])
+    return sorted(directory.glob("demo-*-of-*.gguf"))
+
+
 def spec_for(
     model: Path, options: dict[str, Any] | None = None, model_id: str = "demo"
 ) -> ModelSpec:

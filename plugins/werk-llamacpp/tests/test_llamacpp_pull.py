@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import gguf
 import pytest
 from test_llamacpp_process_support import (
     WERK,
     demo_model,
     needs_llama_server,
+    split_demo_model,
     wait_until,
     werk_env,
     werk_serve,
@@ -119,7 +121,10 @@ def hub(tmp_path: Path) -> Iterator[tuple[Hub, str]]:
     moe = tmp_path / "moe.gguf"
     create_demo_model(moe, seed=0, size="moe")
     tiny = demo_model(tmp_path / "demo").read_bytes()
-    state = Hub({"tiny-F16.gguf": moe.read_bytes(), "tiny-Q8_0.gguf": tiny, "README.md": b"# t"})
+    split = {f"split/tiny-S-{p.name[5:]}": p.read_bytes() for p in split_demo_model(tmp_path / "s")}
+    state = Hub(
+        {"tiny-F16.gguf": moe.read_bytes(), "tiny-Q8_0.gguf": tiny, "README.md": b"# t", **split}
+    )
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler(state))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -256,3 +261,22 @@ def test_a_partial_download_that_does_not_match_the_hub_is_discarded(
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["files"][0]["sha256"] == etag
     assert len(state.ranges) == 1  # the whole file, no Range
+
+
+def test_a_split_gguf_is_pulled_and_imported_with_every_part(
+    tmp_path: Path, hub: tuple[Hub, str]
+) -> None:
+    state, endpoint = hub
+    env, home = pull_env(tmp_path, endpoint), tmp_path / "home"
+    done = werk(home, env, "models", "pull", f"hf:{REPO}:tiny-S", "--json")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(done.stdout)
+    assert manifest["id"] == "tiny-S"
+    names = ["split/tiny-S-00001-of-00002.gguf", "split/tiny-S-00002-of-00002.gguf"]
+    assert [f["sha256"] for f in manifest["files"]] == [
+        hashlib.sha256(state.files[name]).hexdigest() for name in names
+    ]
+    shown = werk(home, env, "models", "show", "tiny-S", "--json")
+    whole = gguf.GGUFReader(str(demo_model(tmp_path / "demo")))  # the file split in two
+    parameters = sum(int(t.n_elements) for t in whole.tensors)
+    assert json.loads(shown.stdout)["facts"]["parameters"] == parameters

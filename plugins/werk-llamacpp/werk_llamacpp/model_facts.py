@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from werk import ModelFacts, ModelSpec, RuntimeRequirement
+from werk import InvalidRequest, ModelFacts, ModelSpec, RuntimeRequirement
 
 from .args import last_value, model_file, parse_options, reserved_state_slots
-from .requirement import _field, header_facts, requirement_for
+from .requirement import _field, header_facts, requirement_for, split_parts
 
 __all__ = ["inspect_model", "quantization_name"]
 
@@ -35,10 +35,10 @@ def quantization_name(file_type: object) -> str | None:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
-def _header(reader: Any, arch: str) -> dict[str, Any]:
+def _header(reader: Any, arch: str, parts: list[Any]) -> dict[str, Any]:
     experts = _field(reader, f"{arch}.expert_count")
     return {
-        "parameters": sum(int(t.n_elements) for t in reader.tensors),
+        "parameters": sum(int(t.n_elements) for r in (reader, *parts) for t in r.tensors),
         "quantization": quantization_name(_field(reader, "general.file_type")),
         "chat_template": reader.fields.get("tokenizer.chat_template") is not None,
         "experts": experts if isinstance(experts, int) and experts > 0 else None,
@@ -60,6 +60,16 @@ def inspect_model(spec: ModelSpec) -> ModelFacts:
     header = header_facts(path)
     reader = gguf.GGUFReader(str(path))
     arch = str(_field(reader, "general.architecture"))
+    parts = split_parts(path, reader)
+    recorded = {Path(f).absolute() for f in spec.files}
+    missing = [part for part in parts if part.absolute() not in recorded]
+    if missing:
+        every = " ".join(str(p) for p in (path, *parts))
+        raise InvalidRequest(
+            f"{path.name} is the first of {len(parts) + 1} files of a split GGUF: import every "
+            f"part (werk models import {every} --id …), so that the model's identity covers "
+            "them all"
+        )
     options = parse_options(spec.options)
     slots = options.parallel + reserved_state_slots(options)
     argv = [*options.native_args]
@@ -84,5 +94,5 @@ def inspect_model(spec: ModelSpec) -> ModelFacts:
             ),
         ),
         memory_basis=basis,
-        **_header(reader, arch),
+        **_header(reader, arch, [gguf.GGUFReader(str(p)) for p in parts]),
     )

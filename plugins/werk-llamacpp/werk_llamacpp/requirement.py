@@ -38,6 +38,7 @@ refused (``invalid_request``) rather than guessed.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ __all__ = [
     "offload_reason",
     "requirement_for",
     "runtime_requirement",
+    "split_parts",
 ]
 
 log = logging.getLogger("werk.llamacpp")
@@ -132,11 +134,46 @@ class HeaderFacts(msgspec.Struct, frozen=True):
     n_vocab: int
     context_length: int | None
     weights_bytes: int
+    """The tensor bytes of the model: of every part, for a split GGUF."""
     expert_ranges: tuple[tuple[int, int], ...] = ()
-    """``(offset, length)`` of each expert tensor (name with ``_exps.``) in the file."""
+    """``(offset, length)`` of each expert tensor (name with ``_exps.``) in the file (the
+    first part only, for a split GGUF)."""
+    parts: tuple[FileIdentity, ...] = ()
+    """The other parts of a split GGUF as they were read (a cached record is used only while
+    every part is unchanged)."""
 
 
-HEADER_CACHE_VERSION = 1
+HEADER_CACHE_VERSION = 2
+_SPLIT_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+def split_parts(model: Path, reader: Any) -> list[Path]:
+    """The other files of a split GGUF whose first part is ``model`` (``[]`` for a whole
+    file), found as llama.cpp finds them: ``PREFIX-00002-of-0000N.gguf`` … beside it.
+
+    :raises werk.InvalidRequest: ``model`` is not the first part, is not named as llama.cpp
+        expects, or a part is missing.
+    """
+    count = _field(reader, "split.count")
+    if not isinstance(count, int) or count <= 1:
+        return []
+    name = _SPLIT_NAME.match(model.name)
+    if _field(reader, "split.no") not in (0, None) or name is None or int(name.group(2)) != 1:
+        raise InvalidRequest(
+            f"{model.name} is part of a split GGUF of {count} files: give its first part, "
+            "named PREFIX-00001-of-NNNNN.gguf"
+        )
+    prefix = name.group(1)
+    parts = [model.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(2, count + 1)]
+    for part in parts:
+        if not part.is_file():
+            raise InvalidRequest(
+                f"{model.name} is part 1 of a split GGUF of {count} files; {part.name} is missing "
+                "beside it"
+            )
+    return parts
+
+
 HEADER_CACHE_PREFIX = "gguf-"
 
 
@@ -154,6 +191,7 @@ def read_header_facts(model: Path) -> HeaderFacts:
         raise InvalidRequest(
             f"{model.name} is not a readable GGUF file ({type(exc).__name__})"
         ) from None
+    parts = split_parts(model, reader)  # before the metadata: only the first part has it
     arch = _field(reader, "general.architecture")
     if not isinstance(arch, str) or not arch:
         raise InvalidRequest("the GGUF header names no architecture")
@@ -164,6 +202,15 @@ def read_header_facts(model: Path) -> HeaderFacts:
         context_length: int | None = _positive_int(reader, f"{arch}.context_length")
     except InvalidRequest:
         context_length = None  # needed only when the arguments carry no -c
+    weights = sum(int(tensor.n_bytes) for tensor in reader.tensors)
+    for part in parts:
+        try:
+            weights += sum(int(t.n_bytes) for t in gguf.GGUFReader(str(part)).tensors)
+        except Exception as exc:
+            raise InvalidRequest(
+                f"{part.name} (a part of {model.name}) is not a readable GGUF file "
+                f"({type(exc).__name__})"
+            ) from None
     return HeaderFacts(
         n_layer=_positive_int(reader, f"{arch}.block_count"),
         n_embd=n_embd,
@@ -173,7 +220,8 @@ def read_header_facts(model: Path) -> HeaderFacts:
         n_ff=_positive_int(reader, f"{arch}.feed_forward_length", 4 * n_embd),
         n_vocab=_positive_int(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else None),
         context_length=context_length,
-        weights_bytes=sum(int(tensor.n_bytes) for tensor in reader.tensors),
+        weights_bytes=weights,
+        parts=tuple(FileIdentity.of(part) for part in parts),
         expert_ranges=tuple(
             (int(t.data_offset), int(t.n_bytes))
             for t in reader.tensors
@@ -192,11 +240,20 @@ def _facts_from_record(facts: object) -> HeaderFacts | None:
     ):
         return None
     try:
-        cached = HeaderFacts(**{**facts, "expert_ranges": tuple(tuple(r) for r in ranges)})
-    except TypeError:
+        parts = msgspec.convert(facts.get("parts", []), tuple[FileIdentity, ...])
+        cached = HeaderFacts(
+            **{**facts, "expert_ranges": tuple(tuple(r) for r in ranges), "parts": parts}
+        )
+    except (TypeError, msgspec.ValidationError):
         return None
+    for part in parts:  # a split model's record holds while none of its parts changed
+        try:
+            if FileIdentity.of(Path(part.path)) != part:
+                return None
+        except OSError:
+            return None
     for name, value in msgspec.structs.asdict(cached).items():
-        if name == "expert_ranges" or (name == "context_length" and value is None):
+        if name in ("expert_ranges", "parts") or (name == "context_length" and value is None):
             continue
         if not _count(value) or value == 0:
             return None
@@ -220,7 +277,7 @@ def header_facts(model: Path) -> HeaderFacts:
     if FileIdentity.of(model) == identity:  # not replaced while it was read
         store_record(
             identity,
-            {"facts": msgspec.structs.asdict(read)},
+            {"facts": msgspec.to_builtins(read)},
             prefix=HEADER_CACHE_PREFIX,
             version=HEADER_CACHE_VERSION,
         )
