@@ -203,6 +203,8 @@ def read_header_facts(model: Path) -> HeaderFacts:
     except InvalidRequest:
         context_length = None  # needed only when the arguments carry no -c
     weights = sum(int(tensor.n_bytes) for tensor in reader.tensors)
+    identities = tuple(FileIdentity.of(part) for part in parts)  # before reading: a part
+    # changed while it was read is then read again next time
     for part in parts:
         try:
             weights += sum(int(t.n_bytes) for t in gguf.GGUFReader(str(part)).tensors)
@@ -221,7 +223,7 @@ def read_header_facts(model: Path) -> HeaderFacts:
         n_vocab=_positive_int(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else None),
         context_length=context_length,
         weights_bytes=weights,
-        parts=tuple(FileIdentity.of(part) for part in parts),
+        parts=identities,
         expert_ranges=tuple(
             (int(t.data_offset), int(t.n_bytes))
             for t in reader.tensors
