@@ -34,7 +34,6 @@ from .protocol import InsufficientStorage, Unavailable
 __all__ = ["PARTIAL_SUFFIX", "fetch_resumable"]
 
 PARTIAL_SUFFIX = ".werk-partial"
-_READ = 1 << 20
 
 
 def fetch_resumable(hub: ModuleType, repo: str, filename: str, revision: str | None) -> None:
@@ -114,6 +113,4 @@ def _matches(path: Path, etag: str, size: int) -> bool:
     else:
         return True  # an ETag that is not a content hash: the size is what can be checked
     with path.open("rb") as data:
-        while block := data.read(_READ):
-            digest.update(block)
-    return digest.hexdigest() == etag.lower()
+        return hashlib.file_digest(data, lambda: digest).hexdigest() == etag.lower()

@@ -452,6 +452,7 @@ class RewrittenStream:
     ) -> None:
         self._upstream = upstream
         self._rewrite = rewrite
+        self._take: Callable[[], list[bytes]] | None = getattr(upstream, "take_ready", None)
 
     def __aiter__(self) -> RewrittenStream:
         return self
@@ -461,8 +462,7 @@ class RewrittenStream:
 
     def take_ready(self) -> list[bytes]:
         """The upstream's payloads at hand, rewritten (see :meth:`UpstreamSSE.take_ready`)."""
-        take = getattr(self._upstream, "take_ready", None)
-        return [self._rewritten(payload) for payload in take()] if take is not None else []
+        return [self._rewritten(p) for p in self._take()] if self._take is not None else []
 
     def _rewritten(self, payload: bytes) -> bytes:
         try:

@@ -156,6 +156,7 @@ class ContainedStream:
         on_close: Callable[[], None] | None = None,
     ) -> None:
         self._stream = stream
+        self._take: Callable[[], list[bytes]] | None = getattr(stream, "take_ready", None)
         self._backend = backend
         self._on_close = on_close
         self._closed = False
@@ -174,11 +175,10 @@ class ContainedStream:
     def take_ready(self) -> list[bytes]:
         """The payloads the backend's stream has at hand without waiting (``[]`` when it
         cannot say: its ``take_ready`` is optional)."""
-        take = getattr(self._stream, "take_ready", None)
-        if take is None:
+        if self._take is None:
             return []
         try:
-            ready: list[bytes] = take()
+            ready = self._take()
         except WerkError:
             raise
         except Exception:
