@@ -384,6 +384,10 @@ class PrefillCall(msgspec.Struct, frozen=True, kw_only=True):
         true): the backend evaluates the rest on top of it and reports the reuse it observed
         in ``cached_tokens``.
     :ivar continued: whether ``reuse_from`` holds only a prefix of this prompt.
+    :ivar decode: ``False`` when no decode will follow: the host keeps the state (``keep``)
+        and snapshots it right away — a persisted chat keeping its reply in the conversation's
+        state. A backend that holds a prefilled state for its decode need hold this one only
+        until that snapshot.
     """
 
     prompt: str | None = None
@@ -392,6 +396,7 @@ class PrefillCall(msgspec.Struct, frozen=True, kw_only=True):
     keep: bool = False
     reuse_from: BackendState | None = None
     continued: bool = False
+    decode: bool = True
 
 
 class PrefillOutcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -70,6 +70,22 @@ def test_a_shared_prefix_is_evaluated_once(engine: Engine) -> None:
     assert engine.evaluate(second).evaluated == len(second) - cached
 
 
+def test_a_last_assistant_message_is_continued_as_llama_server_renders_it(
+    engine: Engine,
+) -> None:
+    turn = _chat("Hello")
+    opened = engine.chat_tokens(turn)
+    with_reply = engine.chat_tokens([*turn, {"role": "assistant", "content": "Good day"}])
+    next_turn = [*turn, {"role": "assistant", "content": "Good day"}]
+    next_turn.append({"role": "user", "content": "And then?"})
+    following = engine.chat_tokens(next_turn)
+    # the assistant's turn opened, then its text (no end of turn, no second opening) ...
+    assert with_reply[: len(opened)] == opened
+    assert engine._text(with_reply[len(opened) :]) == "Good day"
+    # ... so a conversation kept with its reply is a prefix of the next turn's prompt
+    assert following[: len(with_reply)] == with_reply
+
+
 def test_the_session_cache_puts_back_an_earlier_conversation(engine: Engine) -> None:
     engine.clear()
     engine.sessions.clear()

@@ -158,6 +158,41 @@ async def test_a_held_state_is_spilled_for_a_newer_one_and_decoded_from_its_spil
     assert spill_files(child) == []  # both decoded: nothing kept
 
 
+async def test_a_reply_is_kept_from_the_slot_it_was_decoded_in_and_held_only_until_saved(
+    handle: LlamaHandle, child: Child
+) -> None:
+    """What a persisted chat does after its reply: the prompt with the reply, continued from
+    the decoded state (``decode`` false) — the slot already holds the reply, so the server
+    reuses all but the last token — saved, and then its slot is free for the next state
+    without a spill."""
+    runtime = runtime_for(handle)
+    turn = await states.prefill(runtime, PrefillCall(prompt=PROMPT))
+    reply = await states.decode(runtime, DecodeCall(state=turn.state, max_tokens=12))
+    required = Policy(reuse=Reuse.REQUIRED)
+    evals = len(child.prompt_evals(STATE_SLOT))
+    kept = await states.prefill(
+        runtime,
+        PrefillCall(
+            prompt=PROMPT + reply.text,
+            policy=required,
+            keep=True,
+            reuse_from=turn.state,
+            continued=True,
+            decode=False,
+        ),
+    )
+    assert kept.prompt_tokens > turn.prompt_tokens
+    assert kept.cached_tokens is not None
+    assert kept.prompt_tokens - 1 <= kept.cached_tokens < kept.prompt_tokens
+    assert len(child.prompt_evals(STATE_SLOT)) == evals + 1
+    saved = await states.snapshot(runtime, kept.state)
+    assert saved.tokens == kept.prompt_tokens
+    assert saved.path is not None
+    saved.path.unlink()
+    await states.prefill(runtime, PrefillCall(prompt=OTHER))  # takes the one state slot
+    assert spill_files(child) == []  # the kept state was not held for a decode
+
+
 async def test_a_decoded_state_is_not_kept_and_a_newer_one_stales_it(
     handle: LlamaHandle, child: Child
 ) -> None:

@@ -42,6 +42,8 @@ class SlotState:
         prefix (never shown in ``repr``: they are the prompt).
     :ivar restored: placed by ``werk_restore`` and held for the prefill that continues it
         (which takes the hold over).
+    :ivar until_snapshot: prefilled with no decode to follow (``PrefillCall.decode`` false):
+        its hold ends with its snapshot.
     """
 
     slot: int
@@ -49,6 +51,7 @@ class SlotState:
     generation: str
     tokens: tuple[int, ...] = field(repr=False)
     restored: bool = False
+    until_snapshot: bool = False
 
 
 @dataclass

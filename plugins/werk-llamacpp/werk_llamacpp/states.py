@@ -29,7 +29,8 @@ against the snapshot), which is the ``cached_tokens`` reported, and the Decode c
 prompt token as it always does (the server recomputes at least one token to have logits);
 evaluating it in the Prefill too would compute the same token twice (one forward pass). The
 evaluation's reuse is then observed where the text is made: the Decode's ``timings.cache_n``
-check below.
+check below. A Prefill no decode follows (``PrefillCall.decode`` false: the host only keeps
+the state) holds its slot only until its snapshot (60 s at most without one).
 
 **Snapshot** saves the slot under a Werk-generated name in the private slot directory and seals
 the file: the server's bytes (exactly ``n_written`` of them), then a JSON trailer (format,
@@ -111,6 +112,9 @@ _MAGIC = b"WERKLCS1"
 _TAIL = struct.Struct("<Q8s")
 _MAX_META = 64 * 1024 * 1024
 _NOT_RESIDENT = "the state was not resident; refusing to re-prefill silently"
+_SNAPSHOT_HOLD = 60.0
+"""Seconds a state prefilled without a decode to follow (``PrefillCall.decode`` false) keeps
+its slot for the host's snapshot."""
 
 
 class PayloadMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -152,10 +156,23 @@ def _slot_state(handle: LlamaHandle, state: BackendState) -> SlotState:
     return live
 
 
-def _live(handle: LlamaHandle, slot: int, epoch: int, tokens: tuple[int, ...]) -> BackendState:
+def _live(
+    handle: LlamaHandle,
+    slot: int,
+    epoch: int,
+    tokens: tuple[int, ...],
+    *,
+    until_snapshot: bool = False,
+) -> BackendState:
     return BackendState(
         kind=StateKind.HANDLE,
-        handle=SlotState(slot=slot, epoch=epoch, generation=handle.generation, tokens=tokens),
+        handle=SlotState(
+            slot=slot,
+            epoch=epoch,
+            generation=handle.generation,
+            tokens=tokens,
+            until_snapshot=until_snapshot,
+        ),
         generation=handle.generation,
         tokens=len(tokens),
     )
@@ -199,11 +216,13 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
         if call.reuse_from is not None:
             target = await _reuse_target(handle, call)
         restored, handle.restored_slot = handle.restored_slot, None
+        # Kept for its decode, or (no decode follows) only until the host's snapshot of it.
+        hold = handle.hold_seconds if call.decode else min(handle.hold_seconds, _SNAPSHOT_HOLD)
         if target is not None and _restored_whole(handle, restored, target, call, tokens):
             allocator.touch(target[0])
-            live = _live(handle, *target, tokens)
-            if not _inherits_hold(handle, call, target):
-                allocator.hold(_slot_state(handle, live), handle.hold_seconds)
+            live = _live(handle, *target, tokens, until_snapshot=not call.decode)
+            if not call.decode or not _inherits_hold(handle, call, target):
+                allocator.hold(_slot_state(handle, live), hold)
             return PrefillOutcome(
                 state=live,
                 prompt_tokens=len(tokens),
@@ -222,9 +241,9 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
             await _discard(handle, slot, exc)
             raise
         allocator.touch(slot)
-        live = _live(handle, slot, epoch, tokens)
-        if fresh or not _inherits_hold(handle, call, target):
-            allocator.hold(_slot_state(handle, live), handle.hold_seconds)  # for its decode
+        live = _live(handle, slot, epoch, tokens, until_snapshot=not call.decode)
+        if fresh or not call.decode or not _inherits_hold(handle, call, target):
+            allocator.hold(_slot_state(handle, live), hold)
     return PrefillOutcome(
         state=live,
         prompt_tokens=len(tokens),
@@ -327,6 +346,8 @@ async def snapshot(runtime: Runtime, state: BackendState) -> BackendState:
             await _unlink(path)
             raise
         allocator.touch(live.slot)
+        if live.until_snapshot:  # no decode follows: the slot is free for the next state
+            allocator.release(live.slot, live.epoch)
     return BackendState(
         kind=StateKind.FILE,
         path=path,

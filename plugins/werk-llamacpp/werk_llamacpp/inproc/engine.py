@@ -117,7 +117,9 @@ class Engine:
 
     def chat_tokens(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """The tokens of ``messages`` rendered with the model's chat template (the assistant's
-        turn opened).
+        turn opened). A last ``assistant`` message is continued, as llama-server renders it
+        (its ``prefill_assistant``): the messages before it with the assistant's turn opened,
+        then its text — so a conversation kept with its reply is a prefix of the next turn.
 
         :raises werk.Unsupported: the model's file has no chat template.
         """
@@ -131,8 +133,12 @@ class Engine:
                 bos_token=self._token_text(self.llm.token_bos()),
                 add_generation_prompt=True,
             )
+        history, opened = list(messages), ""
+        last = history[-1] if len(history) > 1 else {}
+        if last.get("role") == "assistant" and isinstance(last.get("content"), str):
+            opened = history.pop()["content"]
         try:
-            rendered = self._formatter(messages=list(messages)).prompt
+            rendered = self._formatter(messages=history).prompt + opened
         except Exception as exc:  # the template's own raise_exception, or a Jinja error
             raise InvalidRequest(f"the model's chat template refused the messages: {exc}") from None
         return list(self.llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True))
