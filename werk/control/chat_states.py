@@ -4,15 +4,22 @@ A ``POST /v1/chat/completions`` whose body carries ``"werk": {"persist": true}``
 (:class:`~werk.protocol.ChatStateOptions`) is not relayed to the backend's own ``/v1``: it
 runs as a prefill of the messages with ``retention: disk`` and ``reuse: prefer`` — which
 continues the caller's saved state sharing the longest prefix with the conversation (the
-previous turn's, :mod:`werk.control.continuation`) — and a decode of the reply. The state kept
-for this turn supersedes the one it continued when that one was also kept by a persisted turn:
-it is deleted (unless pinned), so a conversation holds one state, not one per turn. A state the
-caller saved otherwise (a shared system prompt, say) is continued but never deleted.
+previous turn's, :mod:`werk.control.continuation`) — and a decode of the reply. Then the
+messages *with the reply* are kept as the conversation's state, continuing the live state the
+reply was decoded from (:meth:`~werk.control.prefill.PrefillFlow.keep_continuation`: on
+llama.cpp the slot already holds the reply, so almost nothing is evaluated), and the next turn
+evaluates only its own new message. When that cannot be done (the backend no longer holds the
+turn's state, or keeping it failed, logged), the turn's prompt state stays the conversation's.
+The state kept for this turn supersedes the one it continued when that one was also kept by a
+persisted turn: it is deleted (unless pinned), so a conversation holds one state, not one per
+turn. A state the caller saved otherwise (a shared system prompt, say) is continued but never
+deleted.
 
 The answer is OpenAI's ``chat.completion`` object (``system_fingerprint``: the runtime's process
-generation) with a ``werk`` member: ``state_id`` (this
-turn's state), ``reuse`` (as a prefill's), ``evaluated_tokens`` and ``superseded`` (the ids
-deleted). Only the fields a prefill and a decode can honour are accepted: ``model``,
+generation) with a ``werk`` member: ``state_id`` (the conversation's state now) and
+``state_tokens`` (the tokens it holds), ``reuse`` (as the turn's prefill's),
+``evaluated_tokens`` (of the turn's prompt) and ``superseded`` (the ids of earlier turns'
+states deleted). Only the fields a prefill and a decode can honour are accepted: ``model``,
 ``messages`` (``system``/``user``/``assistant``/``tool`` with text content), ``max_tokens`` (or
 ``max_completion_tokens``), ``temperature``, ``seed``, ``stop``, ``stream`` and ``werk``; any
 other field is refused (``400``, naming it) rather than silently ignored.
@@ -20,6 +27,7 @@ other field is refused (``400``, naming it) rather than silently ignored.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from typing import Any
@@ -27,6 +35,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from ..backends import PrefillOutcome
 from ..protocol import (
     ChatMessage,
     ChatStateOptions,
@@ -39,12 +48,16 @@ from ..protocol import (
     Retention,
     Reuse,
     ReuseMatch,
+    StateSummary,
+    WerkError,
 )
 from .context import ServiceContext
-from .prefill import PrefillFlow
+from .prefill import DecodedTurn, PrefillFlow
 from .states import SkipReasonLookup
 
 __all__ = ["ACCEPTED_FIELDS", "DEFAULT_MAX_TOKENS", "PersistedChats", "chat_state_options"]
+
+log = logging.getLogger("werk.control")
 
 ACCEPTED_FIELDS = frozenset(
     {
@@ -141,13 +154,23 @@ class PersistedChats:
         )
         decode_with = _decode_request(body, "wh_" + "0" * 16)  # checked before backend work
         kept = await self._flow.prefill(principal, prefill, origin="chat")
-        reply = await self._flow.decode(
+        turn = await self._flow.decode_turn(
             principal, msgspec.structs.replace(decode_with, handoff=kept.handoff.token)
         )
+        reply = turn.response
+        state_id = kept.state.id if kept.state is not None else None
+        state_tokens = kept.usage.prompt_tokens
+        with_reply = await self._keep_reply(principal, prefill, reply.text, turn)
         superseded: list[str] = []
         continued = kept.reuse.state_id
         if kept.reuse.match is ReuseMatch.PREFIX and continued is not None:
             superseded = await self._supersede(principal, continued)
+        if with_reply is not None:
+            if state_id is not None:  # the turn's prompt state (listed when it existed before)
+                deleted = await self._supersede(principal, state_id)
+                if kept.reuse.match is ReuseMatch.EXACT:
+                    superseded += deleted
+            state_id, state_tokens = with_reply[0].id, with_reply[1].prompt_tokens
         usage = kept.usage
         runtime = self._service.runtimes.live().get(model)
         return {
@@ -170,12 +193,30 @@ class PersistedChats:
                 "prompt_tokens_details": {"cached_tokens": usage.cached_tokens or 0},
             },
             "werk": {
-                "state_id": kept.state.id if kept.state is not None else None,
+                "state_id": state_id,
+                "state_tokens": state_tokens,
                 "reuse": msgspec.to_builtins(kept.reuse),
                 "evaluated_tokens": usage.evaluated_tokens,
                 "superseded": superseded,
             },
         }
+
+    async def _keep_reply(
+        self, principal: str, prefill: PrefillRequest, text: str, turn: DecodedTurn
+    ) -> tuple[StateSummary, PrefillOutcome] | None:
+        """The turn's prompt with its reply kept as the conversation's state (the next turn
+        then evaluates only its own message), or ``None`` when it could not be: the turn's
+        prompt state stays the conversation's (the next turn evaluates the reply too)."""
+        if not text or prefill.messages is None:
+            return None
+        request = msgspec.structs.replace(
+            prefill, messages=[*prefill.messages, ChatMessage(role="assistant", content=text)]
+        )
+        try:
+            return await self._flow.keep_continuation(principal, request, turn, origin="chat")
+        except WerkError as exc:
+            log.warning("a persisted chat's reply was not kept in its state: %s", exc)
+            return None
 
     async def _supersede(self, principal: str, state_id: str) -> list[str]:
         """Delete the continued state when a persisted turn kept it (never a pinned one)."""

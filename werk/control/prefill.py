@@ -15,11 +15,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import secrets
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 import anyio
 import msgspec
@@ -33,7 +31,6 @@ from ..backends import (
     PrefillCall,
     PrefillOutcome,
     Runtime,
-    StateKind,
 )
 from ..protocol import (
     CapabilityId,
@@ -65,24 +62,14 @@ from ..state.prefixes import prefix_chain
 from ..state.principals import prompt_fingerprint
 from .accounting import RestoreResult
 from .context import ServiceContext
-from .continuation import prefix_offered, prefix_proven, why_not_across
-from .gates import gate, status_of
+from .continuation import prefix_proven
+from .gates import gate
+from .payloads import DiskCopy, owned_payload
+from .reuse import Reusable, ReuseLookup
 
-__all__ = ["PrefillFlow"]
+__all__ = ["DecodedTurn", "PrefillFlow"]
 
 log = logging.getLogger("werk.control")
-
-
-class _Reusable(msgspec.Struct, frozen=True):
-    state_id: str
-    payload: BackendState
-    summary: StateSummary
-    earlier_generation: bool = False
-    """A disk state an earlier process generation made (restored on cross-restart proof)."""
-    restored: bool = False
-    """Handed to the backend from the disk store in this request (counted as a restore)."""
-    prefix: bool = False
-    """Its prompt shares only a prefix with this one: the prefill continues it."""
 
 
 def _message_pairs(request: PrefillRequest) -> list[tuple[str, str]] | None:
@@ -97,7 +84,7 @@ def _proper(chain: list[tuple[int, str]], request: PrefillRequest) -> list[tuple
     return [element for element in chain if element[0] < end]
 
 
-def _reuse_info(outcome: ReuseOutcome, reused: _Reusable | None, done: PrefillOutcome) -> ReuseInfo:
+def _reuse_info(outcome: ReuseOutcome, reused: Reusable | None, done: PrefillOutcome) -> ReuseInfo:
     if reused is None:
         return ReuseInfo(outcome=outcome)
     return ReuseInfo(
@@ -117,9 +104,21 @@ class _Live(msgspec.Struct, frozen=True):
     """The handoff's ``state_id`` names a disk state: decode may restore the state from it."""
 
 
+class DecodedTurn(NamedTuple):
+    """A decode's answer and what it continued."""
+
+    response: DecodeResponse
+    state: BackendState
+    """The live state the handoff carried (the backend may hold the reply on top of it)."""
+    runtime: Runtime
+    state_id: str | None
+    """The named state the handoff's prefill kept (``None`` when ephemeral)."""
+
+
 class PrefillFlow:
     def __init__(self, service: ServiceContext) -> None:
         self.s = service
+        self.reuse = ReuseLookup(service)
 
     # -- prefill -----------------------------------------------------------------------------
 
@@ -149,146 +148,6 @@ class PrefillFlow:
             messages=_message_pairs(request),
             whole=True,
         )
-
-    async def _find_prefix(
-        self,
-        principal: str,
-        chain: list[tuple[int, str]],
-        envelope: Envelope,
-        runtime: Runtime,
-        allow_experimental: bool,
-    ) -> tuple[_Reusable | None, IncompatibleState | None]:
-        """The stored state sharing the longest prefix with the prompt, restored, when the
-        backend continues prefixes (:mod:`werk.control.continuation`); else why not."""
-        if not prefix_offered(await self.s.rows_for(runtime.model, runtime), allow_experimental):
-            return None, None
-        found = await anyio.to_thread.run_sync(lambda: self.s.catalog.find_prefix(principal, chain))
-        refusal: IncompatibleState | None = None
-        for _shared, stored in found:
-            across = not stored.envelope.compatible_with(envelope)
-            if across and not stored.envelope.compatible_with(envelope, across_generations=True):
-                continue
-            if across and (why_not := await self._why_not_across(runtime, allow_experimental)):
-                refusal = IncompatibleState(
-                    f"a stored state shares a prefix with this prompt, but it cannot be "
-                    f"restored into the running process: {why_not}",
-                    capability=CapabilityId.STATE_RESTORE_CROSS_RESTART,
-                )
-                continue
-            if not across:
-                rows = await self.s.rows_for(runtime.model, runtime)
-                gate(rows, CapabilityId.STATE_RESTORE, allow_experimental=allow_experimental)
-            try:
-                live = await self._restore(principal, stored.id, runtime)
-            except IncompatibleState as exc:
-                refusal = exc
-                continue
-            rows = await self.s.rows_for(runtime.model, runtime)  # the probe may have run
-            if not prefix_proven(rows, allow_experimental):
-                row = status_of(rows, CapabilityId.STATE_RESTORE_PREFIX)
-                why = row.reason if row is not None and row.reason else "not reported"
-                return None, IncompatibleState(
-                    f"the backend has not proven prefix continuation: {why}",
-                    capability=CapabilityId.STATE_RESTORE_PREFIX,
-                )
-            summary = stored.summary(reusable=True)
-            return _Reusable(
-                stored.id, live, summary, earlier_generation=across, restored=True, prefix=True
-            ), None
-        return None, refusal
-
-    async def _find_reusable(
-        self,
-        principal: str,
-        fingerprint: str,
-        envelope: Envelope,
-        runtime: Runtime,
-        allow_experimental: bool,
-    ) -> tuple[list[Envelope], _Reusable | None, IncompatibleState | None]:
-        """Envelopes of every candidate state, a loaded compatible one if any, and the
-        backend's refusal of an earlier generation's state (when it refused one)."""
-        volatile = self.s.volatile.find(principal, fingerprint)
-        stored = await anyio.to_thread.run_sync(
-            lambda: self.s.catalog.find(principal, fingerprint=fingerprint)
-        )
-        envelopes = [v.envelope for v in volatile] + [s.envelope for s in stored]
-        for entry in volatile:
-            if entry.envelope.compatible_with(envelope):
-                self.s.volatile.touch(entry)
-                reused = _Reusable(entry.id, entry.state, entry.summary(reusable=True))
-                return envelopes, reused, None
-        for stored_state in stored:
-            if not stored_state.envelope.compatible_with(envelope):
-                continue
-            rows = await self.s.rows_for(runtime.model, runtime)
-            gate(rows, CapabilityId.STATE_RESTORE, allow_experimental=allow_experimental)
-            live = await self._restore(principal, stored_state.id, runtime)
-            summary = stored_state.summary(reusable=True)
-            return envelopes, _Reusable(stored_state.id, live, summary, restored=True), None
-        refusal: IncompatibleState | None = None
-        for stored_state in stored:
-            if not stored_state.envelope.compatible_with(envelope, across_generations=True):
-                continue
-            why_not = await self._why_not_across(runtime, allow_experimental)
-            if why_not is not None:
-                refusal = IncompatibleState(
-                    "a stored state of an earlier process generation exists for this prompt, "
-                    f"but it cannot be restored into the running one: {why_not}",
-                    capability=CapabilityId.STATE_RESTORE_CROSS_RESTART,
-                )
-                break
-            try:
-                live = await self._restore(principal, stored_state.id, runtime)
-            except IncompatibleState as exc:  # the backend's proof failed (or was refused)
-                refusal = exc
-                continue
-            summary = stored_state.summary(reusable=True)
-            reused = _Reusable(
-                stored_state.id, live, summary, earlier_generation=True, restored=True
-            )
-            return envelopes, reused, None
-        return envelopes, None, refusal
-
-    async def _why_not_across(self, runtime: Runtime, allow_experimental: bool) -> str | None:
-        """:func:`werk.control.continuation.why_not_across` for this runtime's rows."""
-        return why_not_across(await self.s.rows_for(runtime.model, runtime), allow_experimental)
-
-    async def _restore(self, principal: str, state_id: str, runtime: Runtime) -> BackendState:
-        """Hand a hash-verified payload to the backend and mark it loaded only on success.
-        Counted as an attempted restore; a refusal (``incompatible_state``) as refused."""
-        self.s.accounting.restore_attempted(principal, runtime.model.id)
-        started = time.monotonic()
-        try:
-            restored = await self._restore_payload(principal, state_id, runtime)
-            self.s.restore_latency.observe(time.monotonic() - started)
-            return restored
-        except IncompatibleState:
-            self.s.accounting.restore_ended(principal, runtime.model.id, RestoreResult.REFUSED)
-            raise
-
-    async def _restore_payload(
-        self, principal: str, state_id: str, runtime: Runtime
-    ) -> BackendState:
-        path = await anyio.to_thread.run_sync(lambda: self._materialize(principal, state_id))
-        try:
-            payload = BackendState(kind=StateKind.FILE, path=path, generation=runtime.generation)
-            restored: BackendState = await self.s.pm.call_operation(
-                Operation.RESTORE, runtime, payload=payload
-            )
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        await anyio.to_thread.run_sync(lambda: self.s.catalog.mark_loaded(principal, state_id))
-        return restored
-
-    def _materialize(self, principal: str, state_id: str) -> Path:
-        """Copy the payload to a private file the backend may consume (move or read), its hash
-        verified in the same pass; the host deletes it afterwards if it is still there."""
-        scratch = self.s.config.home / "tmp"
-        scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
-        target = scratch / f"restore-{secrets.token_hex(12)}.bin"
-        self.s.catalog.export_payload(principal, state_id, target)
-        return target
 
     async def prefill(
         self, principal: str, request: PrefillRequest, *, origin: Literal["chat"] | None = None
@@ -321,15 +180,15 @@ class PrefillFlow:
         # one pass over the prompt, for the prefix lookup and for a kept state, when needed
         chain_of = functools.cache(lambda: self._chain(principal, spec, request))
 
-        reused: _Reusable | None = None
+        reused: Reusable | None = None
         if policy.reuse.value != "disabled":
-            envelopes, reused, refusal = await self._find_reusable(
+            envelopes, reused, refusal = await self.reuse.find_exact(
                 principal, fingerprint, envelope, runtime, allow
             )
             if reused is None and refusal is None:  # no state of this very prompt: a prefix?
                 chain = _proper(chain_of(), request)
                 if chain:
-                    reused, refusal = await self._find_prefix(
+                    reused, refusal = await self.reuse.find_prefix(
                         principal, chain, envelope, runtime, allow
                     )
             if reused is not None:
@@ -466,7 +325,7 @@ class PrefillFlow:
         )
         chain = tuple(fingerprint for _, fingerprint in prefixes())
         started = time.monotonic()
-        with _owned_payload(exported) as payload:
+        with owned_payload(exported) as payload:
             stored = await anyio.to_thread.run_sync(
                 lambda: self.s.catalog.commit(
                     principal,
@@ -486,9 +345,72 @@ class PrefillFlow:
         self.s.commit_latency.observe(time.monotonic() - started)
         return stored.summary(reusable=True)
 
+    async def keep_continuation(
+        self,
+        principal: str,
+        request: PrefillRequest,
+        turn: DecodedTurn,
+        *,
+        origin: Literal["chat"] | None = None,
+    ) -> tuple[StateSummary, PrefillOutcome] | None:
+        """Keep ``request`` — a decoded turn's prompt with its reply — as a named state that
+        continues the live state the turn decoded (``reuse: required``): a backend that still
+        holds the reply's tokens there evaluates (almost) nothing more. No handoff is issued
+        and no decode follows (``PrefillCall.decode`` false). ``None``, with nothing kept,
+        when the backend has not proven prefix continuation for this request or no longer
+        holds the turn's state.
+        """
+        runtime, spec = turn.runtime, turn.runtime.model
+        effective = effective_prefill_policy(request, self.s.config.persistence_defaults)
+        policy, allow = effective.policy, effective.allow_experimental
+        rows = await self.s.rows_for(spec, runtime)
+        if not runtime.alive or not prefix_proven(rows, allow):
+            return None
+        statuses = {row.id: row.status for row in rows}
+        tier = resolve_retention(policy, statuses, allow_experimental=allow)
+        with self.s.runtimes.hold(runtime):
+            try:
+                outcome: PrefillOutcome = await self.s.pm.call_operation(
+                    Operation.PREFILL,
+                    runtime,
+                    call=PrefillCall(
+                        prompt=request.prompt,
+                        messages=request.messages,
+                        policy=msgspec.structs.replace(policy, reuse=Reuse.REQUIRED),
+                        keep=True,
+                        reuse_from=turn.state,
+                        continued=True,
+                        decode=False,
+                    ),
+                )
+            except ReuseUnavailable:
+                return None
+            self.s.accounting.prefill(
+                principal, spec.id, outcome.prompt_tokens, outcome.cached_tokens
+            )
+            summary = await self._keep(
+                principal,
+                spec,
+                runtime,
+                self.s.envelope_for(runtime, principal),
+                self._fingerprint(principal, spec, request),
+                outcome.state,
+                tier,
+                policy.ttl_seconds,
+                policy.pin,
+                prefixes=lambda: self._chain(principal, spec, request),
+                origin=origin,
+            )
+        return (summary, outcome) if summary is not None else None
+
     # -- decode ------------------------------------------------------------------------------
 
     async def decode(self, principal: str, request: DecodeRequest) -> DecodeResponse:
+        return (await self.decode_turn(principal, request)).response
+
+    async def decode_turn(self, principal: str, request: DecodeRequest) -> DecodedTurn:
+        """One decode, with the live state it continued and the runtime that ran it (what
+        :meth:`keep_continuation` needs to keep the reply)."""
         self.s.forget_dead_generations()
         consumed = self.s.handoffs.consume(
             principal, request.handoff, generation=self.s.runtimes.generations()
@@ -506,7 +428,7 @@ class PrefillFlow:
             gate(rows, CapabilityId.PD_DECODE, allow_experimental=True)
             state_id = consumed.binding.state_id
             copy = (
-                _DiskCopy(self, principal, state_id, runtime)
+                DiskCopy(self.s, principal, state_id, runtime)
                 if live.persisted and state_id is not None
                 else None
             )
@@ -536,63 +458,11 @@ class PrefillFlow:
                     )
                 )
                 handoff = issued.to_protocol()
-        return DecodeResponse(
+        response = DecodeResponse(
             text=text,
             finish_reason=outcome.finish_reason,
             usage=DecodeUsage(completion_tokens=outcome.completion_tokens),
             state=None,
             handoff=handoff,
         )
-
-
-class _DiskCopy:
-    """A decode's way back to its state's disk copy (``DecodeCall.restore``): the payload is
-    exported (hash-verified) only when the backend asks, counted as a restore, and whatever
-    the backend left of it is deleted after the decode."""
-
-    def __init__(self, flow: PrefillFlow, principal: str, state_id: str, runtime: Runtime) -> None:
-        self._flow = flow
-        self._principal = principal
-        self._state_id = state_id
-        self._runtime = runtime
-        self._path: Path | None = None
-
-    async def payload(self) -> BackendState:
-        if self._path is not None:
-            raise IncompatibleState("a decode restores its state's disk copy at most once")
-        flow, principal, model = self._flow, self._principal, self._runtime.model.id
-        flow.s.accounting.restore_attempted(principal, model)
-        self._path = await anyio.to_thread.run_sync(
-            lambda: flow._materialize(principal, self._state_id)
-        )
-        await anyio.to_thread.run_sync(
-            lambda: flow.s.catalog.mark_loaded(principal, self._state_id)
-        )
-        return BackendState(
-            kind=StateKind.FILE, path=self._path, generation=self._runtime.generation
-        )
-
-    def discard(self) -> None:
-        if self._path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._path.unlink()
-
-
-@contextlib.contextmanager
-def _owned_payload(exported: BackendState) -> Iterator[Any]:
-    """The catalog input for an exported state; a FILE payload is deleted after the commit
-    (the host owns it once ``werk_snapshot`` returns)."""
-    if exported.kind is StateKind.BYTES and exported.data is not None:
-        yield [exported.data]
-        return
-    if exported.kind is StateKind.FILE and exported.path is not None:
-        try:
-            yield exported.path
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                exported.path.unlink()
-        return
-    raise Unavailable(
-        "the backend's snapshot is not a bytes or file payload",
-        capability=CapabilityId.STATE_PERSISTENCE,
-    )
+        return DecodedTurn(response, live.state, runtime, consumed.binding.state_id)

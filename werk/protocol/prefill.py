@@ -123,8 +123,9 @@ class ChatStateOptions(Request, frozen=True, kw_only=True):
     """The ``werk`` member of a ``POST /v1/chat/completions`` body (an addition).
 
     :ivar persist: run the turn as a prefill that keeps a named disk state of the conversation
-        (continuing the longest saved prefix of it) and a decode; the next turn continues from
-        it, and the state of the turn it continued is deleted (superseded).
+        (continuing the longest saved prefix of it) and a decode, then keep the conversation
+        with the reply as its state; the next turn continues from it, and the state of the
+        turn it continued is deleted (superseded).
     :ivar allow_experimental: the opt-in that the backend's ``experimental`` state rows need
         (default: the server's ``--persistence`` default, else false).
     """

@@ -177,6 +177,31 @@ def test_disk_and_memory_states_continue_like_an_uninterrupted_generation(
         assert after == before
 
 
+def test_a_persisted_chat_keeps_its_reply_so_the_next_turn_evaluates_only_its_message(
+    served: WerkServer,
+) -> None:
+    persist = {"werk": {"persist": True, "allow_experimental": True}}
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello."}]
+    one = _post(served, "/v1/chat/completions", {"model": MODEL, "messages": messages,
+                "max_tokens": 6, "temperature": 0, **persist})  # fmt: skip
+    assert one.status_code == 200, one.text
+    first = one.json()
+    kept = first["werk"]["state_tokens"]
+    assert kept > first["usage"]["prompt_tokens"]  # the reply is in the state
+    messages += [
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And then?"},
+    ]
+    two = _post(served, "/v1/chat/completions", {"model": MODEL, "messages": messages,
+                "max_tokens": 6, "temperature": 0, **persist})  # fmt: skip
+    assert two.status_code == 200, two.text
+    second = two.json()
+    assert second["werk"]["reuse"]["state_id"] == first["werk"]["state_id"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == kept
+    assert second["werk"]["evaluated_tokens"] == second["usage"]["prompt_tokens"] - kept
+    assert second["werk"]["superseded"] == [first["werk"]["state_id"]]
+
+
 def test_concurrent_clients_are_queued_not_refused(served: WerkServer) -> None:
     with ThreadPoolExecutor(max_workers=6) as pool:
         answers = list(pool.map(lambda i: _chat(served, f"Question number {i}?"), range(6)))

@@ -180,22 +180,30 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
         plain = _chat(alice, TURN_1, werk={"persist": False})  # relayed, `werk` not forwarded
         assert plain.status_code == 200 and "werk" not in plain.json()
+    # The conversation's state holds turn 1 and its reply, not only turn 1's prompt.
+    assert one["werk"]["state_tokens"] > one["usage"]["prompt_tokens"]
     turn_2 = _turn_2(reply_1)
     with _serve(home) as second, second.client(KEY_A) as alice:  # a restart in between
         two = _chat(alice, turn_2, werk=PERSIST).json()
         state = two["werk"]
         assert state["reuse"]["match"] == "prefix"
         assert state["reuse"]["state_id"] == one["werk"]["state_id"]
-        assert state["reuse"]["restored_tokens"] == one["usage"]["prompt_tokens"]
-        assert (
-            two["usage"]["prompt_tokens_details"]["cached_tokens"] == one["usage"]["prompt_tokens"]
-        )
+        kept = one["werk"]["state_tokens"]
+        assert state["reuse"]["restored_tokens"] == kept
+        assert two["usage"]["prompt_tokens_details"]["cached_tokens"] == kept
+        # only turn 2's own message was evaluated: the reply came with the restored state
+        assert state["evaluated_tokens"] == two["usage"]["prompt_tokens"] - kept
         assert (
             state["evaluated_tokens"]
-            == two["usage"]["prompt_tokens"] - one["usage"]["prompt_tokens"]
+            < two["usage"]["prompt_tokens"] - one["usage"]["prompt_tokens"]
         )
         assert state["superseded"] == [one["werk"]["state_id"]]
+        assert state["state_tokens"] > two["usage"]["prompt_tokens"]
         assert _states(alice) == [state["state_id"]]  # one state per conversation
+        # the continued state (turn 1 with its reply, then turn 2) answers as a cold chat does
+        cold = _chat(alice, turn_2).json()
+        assert cold["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0
+        assert two["choices"][0]["message"] == cold["choices"][0]["message"]
         turn_3 = [
             *turn_2,
             {"role": "assistant", "content": two["choices"][0]["message"]["content"]},
@@ -219,6 +227,7 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         last = json.loads(events[-2])
         assert last["choices"][0]["finish_reason"] in ("stop", "length")
         assert last["werk"]["reuse"]["match"] == "prefix"
+        assert last["werk"]["reuse"]["restored_tokens"] == state["state_tokens"]
         assert last["werk"]["superseded"] == [state["state_id"]]
         assert _states(alice) == [last["werk"]["state_id"]]
 
