@@ -38,6 +38,7 @@ from ..protocol import (
     DecodeResponse,
     DecodeUsage,
     IncompatibleState,
+    Policy,
     PrefillRequest,
     PrefillResponse,
     PrefillUsage,
@@ -201,17 +202,13 @@ class PrefillFlow:
             outcome_kind = ReuseOutcome.DISABLED
 
         with self.s.handoffs.reserve(principal) as reservation:
-            outcome: PrefillOutcome = await self.s.pm.call_operation(
-                Operation.PREFILL,
+            outcome = await self._backend_prefill(
                 runtime,
-                call=PrefillCall(
-                    prompt=request.prompt,
-                    messages=request.messages,
-                    policy=policy,
-                    keep=policy.retention.value != "ephemeral",
-                    reuse_from=reused.payload if reused is not None else None,
-                    continued=reused is not None and reused.prefix,
-                ),
+                request,
+                policy,
+                keep=policy.retention.value != "ephemeral",
+                reuse_from=reused.payload if reused is not None else None,
+                continued=reused is not None and reused.prefix,
             )
             # The probe (if any) ran inside the backend call: gate on the statuses as they are now.
             rows = await self.s.rows_for(spec, runtime)
@@ -280,6 +277,32 @@ class PrefillFlow:
                 ),
             ),
         )
+
+    async def _backend_prefill(
+        self,
+        runtime: Runtime,
+        request: PrefillRequest,
+        policy: Policy,
+        *,
+        keep: bool,
+        reuse_from: BackendState | None,
+        continued: bool,
+        decode: bool = True,
+    ) -> PrefillOutcome:
+        """``werk_prefill`` on the owning plugin for ``request``'s prompt or messages."""
+        call = PrefillCall(
+            prompt=request.prompt,
+            messages=request.messages,
+            policy=policy,
+            keep=keep,
+            reuse_from=reuse_from,
+            continued=continued,
+            decode=decode,
+        )
+        outcome: PrefillOutcome = await self.s.pm.call_operation(
+            Operation.PREFILL, runtime, call=call
+        )
+        return outcome
 
     async def _keep(
         self,
@@ -370,18 +393,14 @@ class PrefillFlow:
         tier = resolve_retention(policy, statuses, allow_experimental=allow)
         with self.s.runtimes.hold(runtime):
             try:
-                outcome: PrefillOutcome = await self.s.pm.call_operation(
-                    Operation.PREFILL,
+                outcome = await self._backend_prefill(
                     runtime,
-                    call=PrefillCall(
-                        prompt=request.prompt,
-                        messages=request.messages,
-                        policy=msgspec.structs.replace(policy, reuse=Reuse.REQUIRED),
-                        keep=True,
-                        reuse_from=turn.state,
-                        continued=True,
-                        decode=False,
-                    ),
+                    request,
+                    msgspec.structs.replace(policy, reuse=Reuse.REQUIRED),
+                    keep=True,
+                    reuse_from=turn.state,
+                    continued=True,
+                    decode=False,
                 )
             except ReuseUnavailable:
                 return None
