@@ -216,13 +216,10 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
         if call.reuse_from is not None:
             target = await _reuse_target(handle, call)
         restored, handle.restored_slot = handle.restored_slot, None
-        # Kept for its decode, or (no decode follows) only until the host's snapshot of it.
-        hold = handle.hold_seconds if call.decode else min(handle.hold_seconds, _SNAPSHOT_HOLD)
         if target is not None and _restored_whole(handle, restored, target, call, tokens):
             allocator.touch(target[0])
             live = _live(handle, *target, tokens, until_snapshot=not call.decode)
-            if not call.decode or not _inherits_hold(handle, call, target):
-                allocator.hold(_slot_state(handle, live), hold)
+            _hold(handle, call, live, inherited=_inherits_hold(handle, call, target))
             return PrefillOutcome(
                 state=live,
                 prompt_tokens=len(tokens),
@@ -242,14 +239,25 @@ async def prefill(runtime: Runtime, call: PrefillCall) -> PrefillOutcome:
             raise
         allocator.touch(slot)
         live = _live(handle, slot, epoch, tokens, until_snapshot=not call.decode)
-        if fresh or not call.decode or not _inherits_hold(handle, call, target):
-            allocator.hold(_slot_state(handle, live), hold)
+        _hold(handle, call, live, inherited=not fresh and _inherits_hold(handle, call, target))
     return PrefillOutcome(
         state=live,
         prompt_tokens=len(tokens),
         cached_tokens=answer.timings.cache_n,
         restored_tokens=restored[2] if restored is not None and restored[:2] == target else None,
     )
+
+
+def _hold(handle: LlamaHandle, call: PrefillCall, live: BackendState, *, inherited: bool) -> None:
+    """Keep a prefilled state for its decode — or, when none follows (``call.decode`` false),
+    until its snapshot, which releases it. A state that continued a restore held for it takes
+    that hold over instead."""
+    state = _slot_state(handle, live)
+    allocator = allocator_for(handle)
+    if inherited and allocator.held(state.slot):
+        return
+    seconds = handle.hold_seconds if call.decode else min(handle.hold_seconds, _SNAPSHOT_HOLD)
+    allocator.hold(state, seconds)
 
 
 def _inherits_hold(handle: LlamaHandle, call: PrefillCall, target: tuple[int, int]) -> bool:
