@@ -9,6 +9,11 @@ otherwise it skips, saying so.
 ``WERK_REQUIRE_LLAMA_SERVER=1`` (set by ``.ci/run``) turns every skip whose reason is a missing
 ``llama-server`` into a failure: CI has the executable built by ``make``, so a test that skips
 for its absence there would hide a broken build instead of testing the real backend.
+
+A run started in the background by a script (``make test &``, ``nohup``) inherits SIGINT
+*ignored*, and so would every process it starts: the tests that press Ctrl+C on ``werk chat``,
+``werk run``, ``werk models pull`` or ``--watch`` would fail for a reason of the launcher. The
+run gives SIGINT a handler again, which its child processes get back as the default action.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Generator
 from typing import Any
@@ -28,6 +34,9 @@ REQUIRE_ENV = "WERK_REQUIRE_LLAMA_SERVER"
 LAST = "test_every_hook_is_called_through_the_plugin_manager"
 HOOK_CALLS: set[str] = set()
 COMPLETE_RUN = pytest.StashKey[bool]()
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # see the module docstring
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 _RECORDING = pytest.StashKey[contextlib.ExitStack]()
