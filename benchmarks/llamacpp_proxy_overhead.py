@@ -254,6 +254,9 @@ def interleaved(
             f"  mean {statistics.fmean(values) * 1e3:7.3f} ms"
         )
     print(f"  werk serve CPU per request {cpu * 1e3:.3f} ms")
+    paired = statistics.median(a - b for a, b in zip(through, straight, strict=True)) * 1e3
+    print(f"  median of the paired differences (each Werk request minus the direct one after "
+          f"it) {paired:+.3f} ms")  # fmt: skip
     LAST_CPU[0] = cpu * 1e3
     return through, straight
 
