@@ -48,7 +48,9 @@ def test_a_slow_capability_hook_never_stalls_the_server(spawn_server: SpawnServe
         stop.set()
         poller.join()
     assert len(latencies) > 20, latencies  # the poller kept going for the 4+ s of discovery
-    assert max(latencies) < 0.1, f"health stalled: max {max(latencies):.3f}s"
+    # A loop stalled by the hook's 2 s block would keep a health poll waiting for most of it;
+    # the bound is far below that and far above a busy 2-core machine's scheduling (0.19 s seen).
+    assert max(latencies) < 1.0, f"health stalled: max {max(latencies):.3f}s"
 
 
 def test_a_client_that_leaves_mid_stream_gets_the_backend_stream_closed(
