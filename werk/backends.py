@@ -429,6 +429,10 @@ class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):
         copy as a ``file`` payload the backend then owns, as in :func:`werk_restore`. A backend
         whose live state is no longer resident restores it from there (at most once) instead of
         failing; a backend that keeps every live state never calls it.
+    :ivar continues: the host continues the state right after this decode (a persisted chat
+        keeping its reply: a :func:`werk_prefill` with ``decode`` false whose prompt is this
+        state's prompt plus the reply): keep the state as the reply left it for that prefill,
+        and return it as ``DecodeOutcome.after``.
     """
 
     state: BackendState
@@ -437,6 +441,7 @@ class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     stop: Sequence[str] = ()
     restore: Callable[[], Awaitable[BackendState]] | None = None
+    continues: bool = False
 
 
 class DecodeOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -446,12 +451,16 @@ class DecodeOutcome(msgspec.Struct, frozen=True, kw_only=True):
     :ivar finish_reason: ``stop`` (end of text or a stop string) or ``length`` (``max_tokens``).
     :ivar completion_tokens: how many tokens were generated.
     :ivar state: an optional replacement state to continue from (bound to a new handoff).
+    :ivar after: with ``DecodeCall.continues``: the live state as the reply left it (where it
+        now lives, if the decode had to move it), kept for the prefill that continues it;
+        ``None`` when the backend does not keep it (the host then continues ``call.state``).
     """
 
     text: str
     finish_reason: FinishReason
     completion_tokens: int
     state: BackendState | None = None
+    after: BackendState | None = None
 
 
 class ExpertObservation(msgspec.Struct, frozen=True, kw_only=True):

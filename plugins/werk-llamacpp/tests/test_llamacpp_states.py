@@ -193,6 +193,40 @@ async def test_a_reply_is_kept_from_the_slot_it_was_decoded_in_and_held_only_unt
     assert spill_files(child) == []  # the kept state was not held for a decode
 
 
+async def test_a_decode_that_continues_keeps_its_slot_for_the_reply_even_when_another_needs_it(
+    handle: LlamaHandle, child: Child
+) -> None:
+    """``continues``: the decoded state is held for the prefill that keeps the reply; a state
+    that takes the one state slot in between spills it, and that prefill brings it back and
+    still reuses the prompt and the reply instead of failing."""
+    runtime = runtime_for(handle)
+    turn = await states.prefill(runtime, PrefillCall(prompt=PROMPT))
+    reply = await states.decode(
+        runtime, DecodeCall(state=turn.state, max_tokens=12, continues=True)
+    )
+    assert reply.after is not None
+    other = await states.prefill(runtime, PrefillCall(prompt=OTHER))  # wants the slot
+    assert len(spill_files(child)) == 1  # the decoded state was spilled, not dropped
+    kept = await states.prefill(
+        runtime,
+        PrefillCall(
+            prompt=PROMPT + reply.text,
+            policy=Policy(reuse=Reuse.REQUIRED),
+            keep=True,
+            reuse_from=reply.after,
+            continued=True,
+            decode=False,
+        ),
+    )
+    assert kept.cached_tokens is not None
+    assert kept.prompt_tokens - 1 <= kept.cached_tokens < kept.prompt_tokens
+    saved = await states.snapshot(runtime, kept.state)
+    assert saved.path is not None
+    saved.path.unlink()
+    await states.decode(runtime, DecodeCall(state=other.state, max_tokens=2))
+    assert spill_files(child) == []  # nothing is held any more
+
+
 async def test_a_decoded_state_is_not_kept_and_a_newer_one_stales_it(
     handle: LlamaHandle, child: Child
 ) -> None:

@@ -48,22 +48,18 @@ slot before anyone else can use it.
 
 **Decode** resends the state's prompt tokens to its slot with the sampling parameters and requires
 ``timings.cache_n >= tokens - 1``: the prefix came from the slot. Otherwise the server has just
-recomputed the prompt, and decode fails (``backend_error``) instead of returning that text.
+recomputed the prompt, and decode fails (``backend_error``) instead of returning that text. With
+``DecodeCall.continues`` the slot (prompt and reply) stays held for the prefill that keeps the
+reply (``DecodeOutcome.after``), which takes the hold over; its snapshot ends it.
 llama.cpp seeds are 32-bit: a larger seed is reduced modulo ``2**32 - 1``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
-import shutil
-import struct
 from pathlib import Path
-from typing import Final, Literal
 
 import anyio
-import msgspec
 
 from werk import (
     BackendError,
@@ -83,7 +79,6 @@ from werk import (
     Unavailable,
     WerkError,
     storage_refusal,
-    write_all,
 )
 
 from .handle import LlamaHandle, ProbeStatus
@@ -94,7 +89,6 @@ from .slots import (
     SlotState,
     allocator_for,
     complete_in_slot,
-    disk_full,
     erase_slot,
     new_slot_filename,
     render_messages,
@@ -103,30 +97,15 @@ from .slots import (
     slot_is_idle,
     tokenize,
 )
+from .snapshot_file import PAYLOAD_FORMAT, PayloadMeta, adopt, seal
 from .spills import bring_back, spilled, take_slot
 
 __all__ = ["PAYLOAD_FORMAT", "decode", "prefill", "restore", "snapshot"]
 
-PAYLOAD_FORMAT: Final = "werk-llamacpp-slot/2"
-_MAGIC = b"WERKLCS1"
-_TAIL = struct.Struct("<Q8s")
-_MAX_META = 64 * 1024 * 1024
 _NOT_RESIDENT = "the state was not resident; refusing to re-prefill silently"
 _SNAPSHOT_HOLD = 60.0
 """Seconds a state prefilled without a decode to follow (``PrefillCall.decode`` false) keeps
 its slot for the host's snapshot."""
-
-
-class PayloadMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The trailer of a snapshot file (after the server's own ``n_written`` bytes)."""
-
-    format: Literal["werk-llamacpp-slot/1", "werk-llamacpp-slot/2"]
-    generation: str
-    n_saved: int
-    n_written: int
-    tokens: list[int]
-    lineage: str = ""
-    """(format 2) what the slot file depends on: :func:`werk_llamacpp.canary.lineage_of`."""
 
 
 # -- shared checks -----------------------------------------------------------------------------
@@ -344,7 +323,7 @@ async def snapshot(runtime: Runtime, state: BackendState) -> BackendState:
                 lineage=handle.lineage,
             )
             try:
-                await anyio.to_thread.run_sync(lambda: _seal(path, meta))
+                await anyio.to_thread.run_sync(lambda: seal(path, meta))
             except OSError as exc:
                 refusal = storage_refusal(exc, "seal a state's slot file")
                 raise refusal or BackendError(
@@ -363,31 +342,6 @@ async def snapshot(runtime: Runtime, state: BackendState) -> BackendState:
         logical_bytes=ack.n_written,
         tokens=ack.n_saved,
     )
-
-
-def _seal(path: Path, meta: PayloadMeta) -> None:
-    """Check the server's file, append the trailer, make it owner-only and durable."""
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        info = os.fstat(fd)
-        if info.st_size != meta.n_written:
-            if (full := disk_full(path.parent, "seal a state's slot file")) is not None:
-                raise full
-            raise BackendError(
-                f"the slot file has {info.st_size} bytes, llama-server reported {meta.n_written}"
-            )
-        os.fchmod(fd, 0o600)
-        encoded = msgspec.json.encode(meta)
-        os.lseek(fd, 0, os.SEEK_END)
-        write_all(fd, encoded + _TAIL.pack(len(encoded), _MAGIC))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 # -- restore -----------------------------------------------------------------------------------
@@ -412,7 +366,7 @@ async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> Backend
     dest = handle.slot_dir / filename
     try:
         try:
-            meta = await anyio.to_thread.run_sync(lambda: _adopt(payload, dest))
+            meta = await anyio.to_thread.run_sync(lambda: adopt(payload, dest))
         except OSError as exc:
             raise BackendError(f"the snapshot payload could not be read ({exc.strerror})") from None
         if meta.generation != handle.generation:
@@ -447,44 +401,6 @@ async def _restore_locked(handle: LlamaHandle, payload: BackendState) -> Backend
     )
 
 
-def _adopt(payload: BackendState, dest: Path) -> PayloadMeta:
-    """Place the payload at ``dest`` (a rename when possible), check and strip its trailer."""
-    if payload.kind is StateKind.BYTES:
-        assert payload.data is not None
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            write_all(fd, payload.data)
-        finally:
-            os.close(fd)
-    else:
-        assert payload.path is not None
-        _move_or_copy(payload.path, dest)
-    fd = os.open(dest, os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        size = os.fstat(fd).st_size
-        if size < _TAIL.size:
-            raise BackendError("the snapshot payload is truncated")
-        meta_len, magic = _TAIL.unpack(os.pread(fd, _TAIL.size, size - _TAIL.size))
-        if magic != _MAGIC:
-            raise BackendError("the payload is not a Werk llama.cpp snapshot")
-        if not 0 < meta_len <= min(_MAX_META, size - _TAIL.size):
-            raise BackendError("the snapshot payload's trailer is malformed")
-        body_len = size - _TAIL.size - meta_len
-        raw = os.pread(fd, meta_len, body_len)
-        try:
-            meta = msgspec.json.decode(raw, type=PayloadMeta, strict=True)
-        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-            raise BackendError(f"the snapshot payload's trailer is malformed ({exc})") from None
-        if meta.n_written != body_len or meta.n_written <= 0:
-            raise BackendError("the snapshot payload's length disagrees with its trailer")
-        if not meta.tokens or meta.n_saved < len(meta.tokens):
-            raise BackendError("the snapshot payload's token counts are inconsistent")
-        os.ftruncate(fd, body_len)
-    finally:
-        os.close(fd)
-    return meta
-
-
 def _require_cross_restart(handle: LlamaHandle, meta: PayloadMeta) -> None:
     """A snapshot of an earlier generation restores only into a generation that proved
     cross-restart restore, and only when it was made by a process of the same lineage."""
@@ -501,22 +417,6 @@ def _require_cross_restart(handle: LlamaHandle, meta: PayloadMeta) -> None:
             "started differently (executable, model, arguments or slot layout)",
             capability=CapabilityId.STATE_RESTORE_CROSS_RESTART,
         )
-
-
-def _move_or_copy(source: Path, dest: Path) -> None:
-    try:
-        os.rename(source, dest)
-        return
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-    src_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        dst_fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(src_fd, "rb", closefd=False) as src, os.fdopen(dst_fd, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1024 * 1024)
-    finally:
-        os.close(src_fd)
 
 
 # -- decode ------------------------------------------------------------------------------------
@@ -584,6 +484,7 @@ async def decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
             allocator.touch(live.slot)
         finally:
             allocator.release(live.slot, live.epoch)
+        after = _kept_for_continuation(handle, live) if call.continues else None
     finish = FinishReason.LENGTH if answer.truncated else _FINISH.get(answer.stop_type)
     if finish is None:
         raise BackendError(
@@ -593,4 +494,20 @@ async def decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
         text=answer.content,
         finish_reason=finish,
         completion_tokens=answer.timings.predicted_n,
+        after=after,
+    )
+
+
+def _kept_for_continuation(handle: LlamaHandle, live: SlotState) -> BackendState:
+    """The decoded state, held (briefly) for the prefill that continues it with the reply —
+    which takes the hold over, as after a restore — so that a state waiting for the slot spills
+    it instead of taking it. Its slot holds the prompt and the generated tokens; llama-server
+    finds what the continuing prompt shares with them."""
+    kept = SlotState(
+        slot=live.slot, epoch=live.epoch, generation=handle.generation, tokens=live.tokens,
+        restored=True,
+    )  # fmt: skip
+    allocator_for(handle).hold(kept, min(handle.hold_seconds, _SNAPSHOT_HOLD))
+    return BackendState(
+        kind=StateKind.HANDLE, handle=kept, generation=handle.generation, tokens=len(live.tokens)
     )
