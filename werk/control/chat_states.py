@@ -155,7 +155,9 @@ class PersistedChats:
         decode_with = _decode_request(body, "wh_" + "0" * 16)  # checked before backend work
         kept = await self._flow.prefill(principal, prefill, origin="chat")
         turn = await self._flow.decode_turn(
-            principal, msgspec.structs.replace(decode_with, handoff=kept.handoff.token)
+            principal,
+            msgspec.structs.replace(decode_with, handoff=kept.handoff.token),
+            continues=True,
         )
         reply = turn.response
         state_id = kept.state.id if kept.state is not None else None

@@ -110,7 +110,8 @@ class DecodedTurn(NamedTuple):
 
     response: DecodeResponse
     state: BackendState
-    """The live state the handoff carried (the backend may hold the reply on top of it)."""
+    """The live state the decode ended in (``DecodeOutcome.after``), else the one the handoff
+    carried (the backend may hold the reply on top of it)."""
     runtime: Runtime
     state_id: str | None
     """The named state the handoff's prefill kept (``None`` when ephemeral)."""
@@ -427,9 +428,12 @@ class PrefillFlow:
     async def decode(self, principal: str, request: DecodeRequest) -> DecodeResponse:
         return (await self.decode_turn(principal, request)).response
 
-    async def decode_turn(self, principal: str, request: DecodeRequest) -> DecodedTurn:
-        """One decode, with the live state it continued and the runtime that ran it (what
-        :meth:`keep_continuation` needs to keep the reply)."""
+    async def decode_turn(
+        self, principal: str, request: DecodeRequest, *, continues: bool = False
+    ) -> DecodedTurn:
+        """One decode, with the live state it ended in and the runtime that ran it (what
+        :meth:`keep_continuation` needs to keep the reply; ``continues``: it will, so the
+        backend keeps that state for it, ``DecodeCall.continues``)."""
         self.s.forget_dead_generations()
         consumed = self.s.handoffs.consume(
             principal, request.handoff, generation=self.s.runtimes.generations()
@@ -464,6 +468,7 @@ class PrefillFlow:
                         seed=request.seed,
                         stop=request.stop,
                         restore=copy.payload if copy is not None else None,
+                        continues=continues,
                     ),
                 )
             text = bound_completion_text(outcome.text)
@@ -484,4 +489,5 @@ class PrefillFlow:
             state=None,
             handoff=handoff,
         )
-        return DecodedTurn(response, live.state, runtime, consumed.binding.state_id)
+        ended = outcome.after if outcome.after is not None else live.state
+        return DecodedTurn(response, ended, runtime, consumed.binding.state_id)

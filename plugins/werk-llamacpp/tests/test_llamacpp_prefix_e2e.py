@@ -252,3 +252,47 @@ def test_werk_chat_server_session_continues_its_state_on_the_server(
         assert "reuse reused (prefix)" in second.stderr, second.stderr
         with server.client(KEY_A) as alice:
             assert len(_states(alice)) == 1
+
+
+def test_concurrent_persisted_conversations_each_keep_and_continue_their_own_state(
+    home: Path,
+) -> None:
+    """Four clients, each its own two-turn persisted conversation, at the same time, on the one
+    state slot: every turn answers and keeps its reply (a decoded state waiting for that is
+    spilled, not lost, when another takes the slot), every second turn continues its own first
+    turn's state and evaluates only its own message, and each conversation ends with exactly
+    one state."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def converse(server: WerkServer, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        messages = [SYSTEM, {"role": "user", "content": f"Which clock is number {n}?"}]
+        with server.client(KEY_A) as client:
+            first = _chat(client, messages, werk=PERSIST)
+            assert first.status_code == 200, first.text
+            one = first.json()
+            messages += [
+                {"role": "assistant", "content": one["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "Who winds it?"},
+            ]
+            second = _chat(client, messages, werk=PERSIST)
+            assert second.status_code == 200, second.text
+            return one, second.json()
+
+    with _serve(home) as server, ThreadPoolExecutor(4) as pool:
+        turns = list(pool.map(lambda n: converse(server, n), range(4)))
+        with server.client(KEY_A) as alice:
+            kept = sorted(_states(alice))
+    for one, two in turns:
+        for turn in (one, two):  # the reply is in the conversation's state
+            assert turn["werk"]["state_tokens"] > turn["usage"]["prompt_tokens"], turn["werk"]
+        assert two["werk"]["reuse"]["match"] == "prefix"
+        assert two["werk"]["reuse"]["state_id"] == one["werk"]["state_id"]  # its own, no other
+        # (restored_tokens may be null here: a restored state spilled for another before its
+        # prefill ran is brought back from the spill) — llama-server's own count:
+        cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == one["werk"]["state_tokens"]
+        assert two["werk"]["evaluated_tokens"] == (
+            two["usage"]["prompt_tokens"] - one["werk"]["state_tokens"]
+        )
+        assert two["werk"]["superseded"] == [one["werk"]["state_id"]]
+    assert kept == sorted(two["werk"]["state_id"] for _, two in turns)
