@@ -18,7 +18,7 @@ from werk import BackendError, BackendState, StateKind, write_all
 
 from .slots import disk_full
 
-__all__ = ["PAYLOAD_FORMAT", "PayloadMeta", "adopt", "move_or_copy", "seal"]
+__all__ = ["PAYLOAD_FORMAT", "PayloadMeta", "adopt", "seal"]
 
 PAYLOAD_FORMAT: Final = "werk-llamacpp-slot/2"
 _MAGIC = b"WERKLCS1"
@@ -74,7 +74,7 @@ def adopt(payload: BackendState, dest: Path) -> PayloadMeta:
             os.close(fd)
     else:
         assert payload.path is not None
-        move_or_copy(payload.path, dest)
+        _move_or_copy(payload.path, dest)
     fd = os.open(dest, os.O_RDWR | os.O_NOFOLLOW)
     try:
         size = os.fstat(fd).st_size
@@ -101,7 +101,7 @@ def adopt(payload: BackendState, dest: Path) -> PayloadMeta:
     return meta
 
 
-def move_or_copy(source: Path, dest: Path) -> None:
+def _move_or_copy(source: Path, dest: Path) -> None:
     try:
         os.rename(source, dest)
         return

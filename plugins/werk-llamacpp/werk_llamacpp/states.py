@@ -142,6 +142,7 @@ def _live(
     tokens: tuple[int, ...],
     *,
     until_snapshot: bool = False,
+    restored: bool = False,
 ) -> BackendState:
     return BackendState(
         kind=StateKind.HANDLE,
@@ -150,6 +151,7 @@ def _live(
             epoch=epoch,
             generation=handle.generation,
             tokens=tokens,
+            restored=restored,
             until_snapshot=until_snapshot,
         ),
         generation=handle.generation,
@@ -503,11 +505,6 @@ def _kept_for_continuation(handle: LlamaHandle, live: SlotState) -> BackendState
     which takes the hold over, as after a restore — so that a state waiting for the slot spills
     it instead of taking it. Its slot holds the prompt and the generated tokens; llama-server
     finds what the continuing prompt shares with them."""
-    kept = SlotState(
-        slot=live.slot, epoch=live.epoch, generation=handle.generation, tokens=live.tokens,
-        restored=True,
-    )  # fmt: skip
-    allocator_for(handle).hold(kept, min(handle.hold_seconds, _SNAPSHOT_HOLD))
-    return BackendState(
-        kind=StateKind.HANDLE, handle=kept, generation=handle.generation, tokens=len(live.tokens)
-    )
+    kept = _live(handle, live.slot, live.epoch, live.tokens, restored=True)
+    allocator_for(handle).hold(_slot_state(handle, kept), min(handle.hold_seconds, _SNAPSHOT_HOLD))
+    return kept
