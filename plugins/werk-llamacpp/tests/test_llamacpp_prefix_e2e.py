@@ -258,10 +258,10 @@ def test_concurrent_persisted_conversations_each_keep_and_continue_their_own_sta
     home: Path,
 ) -> None:
     """Four clients, each its own two-turn persisted conversation, at the same time, on the one
-    state slot: every turn answers and keeps its reply (a decoded state waiting for that is
-    spilled, not lost, when another takes the slot), every second turn continues its own first
-    turn's state and evaluates only its own message, and each conversation ends with exactly
-    one state."""
+    state slot: every turn answers and keeps its reply, every second turn continues its own
+    first turn's state and evaluates only its own message (llama-server's cached count), and
+    each conversation ends with exactly one state. (How a decoded state survives another state
+    taking the slot is checked in test_llamacpp_states.py.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     def converse(server: WerkServer, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
