@@ -7,9 +7,13 @@ decoded; then the messages with the reply are prefilled with ``retention: disk``
 turn 1's state and keeps the reply on top of it — a persisted chat does this on the live slot
 the reply was decoded in, the benchmark through the control API). For every later turn,
 ``werk serve`` is restarted (a new llama-server process generation), the conversation so far
-plus the next user message is prefilled with ``reuse: prefer`` — it continues the last turn's
-state (``match: prefix``) and evaluates only the new message — and the same messages are
-prefilled cold (``reuse: disabled``, a fresh slot). Time to the first token is the prefill's
+plus the next user message is prefilled with ``reuse: prefer`` and ``retention: ephemeral`` —
+it continues the last turn's state (``match: prefix``) and evaluates only the new message; like
+a persisted turn's prefill, it writes nothing to disk, the turn's state being written after the
+reply — and the same messages are prefilled cold (``reuse: disabled``, ``retention:
+ephemeral``, a fresh slot). With ``--prompt-states`` the continued prefill keeps its prompt on
+disk (``retention: disk``, its time includes that write) and no reply is kept, as persisted
+chats did before they kept the reply. Time to the first token is the prefill's
 wall time (the Decode then computes one token either way); the table shows each turn's prompt,
 the tokens evaluated after the restored state and their share of the prompt, both times and
 their ratio, and whether the two greedy continuations were equal.
@@ -38,12 +42,14 @@ SYSTEM = "You keep the clocks of an old workshop and answer in short sentences. 
 QUESTION = "Tell me about clock number {n}: who made it, and when does it chime? "
 
 
-def prefill(client: httpx.Client, messages: list[dict[str, str]], reuse: str) -> tuple[float, Any]:
+def prefill(
+    client: httpx.Client, messages: list[dict[str, str]], reuse: str, retention: str = "disk"
+) -> tuple[float, Any]:
     body = {
         "model": "demo",
         "messages": messages,
         "allow_experimental": True,
-        "policy": {"retention": "disk" if reuse != "disabled" else "ephemeral", "reuse": reuse},
+        "policy": {"retention": retention, "reuse": reuse},
     }
     started = time.perf_counter()
     answer = client.post("/werk/v1/prefill", json=body, timeout=600)
@@ -116,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             if not args.prompt_states:
                 keep_reply(c, messages, reply)
         kept = "its prompt" if args.prompt_states else "with its reply"
+        # A persisted turn writes its state after the reply (the state with the reply) where
+        # the backend has proven prefix continuation, so its prefill keeps nothing; keeping
+        # only the prompt, the prefill itself writes it, before the reply.
+        keep_prompt = "disk" if args.prompt_states else "ephemeral"
         print(f"turn 1: {first['usage']['prompt_tokens']} prompt tokens, saved to disk {kept}")
         for turn in range(2, args.turns + 1):
             messages += [
@@ -124,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
             with werk_serve(home, ["demo"], log) as served, httpx.Client(base_url=served.url) as c:
                 wait_for_proof(c)
-                warm_s, warm = prefill(c, messages, "prefer")
-                cold_s, cold = prefill(c, messages, "disabled")
+                warm_s, warm = prefill(c, messages, "prefer", keep_prompt)
+                cold_s, cold = prefill(c, messages, "disabled", "ephemeral")
                 reply = decode(c, warm["handoff"]["token"], args.reply_tokens)
                 same = agreement(reply, decode(c, cold["handoff"]["token"], args.reply_tokens))
                 if turn < args.turns and not args.prompt_states:

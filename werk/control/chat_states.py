@@ -2,18 +2,24 @@
 
 A ``POST /v1/chat/completions`` whose body carries ``"werk": {"persist": true}``
 (:class:`~werk.protocol.ChatStateOptions`) is not relayed to the backend's own ``/v1``: it
-runs as a prefill of the messages with ``retention: disk`` and ``reuse: prefer`` — which
-continues the caller's saved state sharing the longest prefix with the conversation (the
-previous turn's, :mod:`werk.control.continuation`) — and a decode of the reply. Then the
-messages *with the reply* are kept as the conversation's state, continuing the live state the
-reply was decoded from (:meth:`~werk.control.prefill.PrefillFlow.keep_continuation`: on
-llama.cpp the slot already holds the reply, so almost nothing is evaluated), and the next turn
-evaluates only its own new message. When that cannot be done (the backend no longer holds the
-turn's state, or keeping it failed, logged), the turn's prompt state stays the conversation's.
-The state kept for this turn supersedes the one it continued when that one was also kept by a
-persisted turn: it is deleted (unless pinned), so a conversation holds one state, not one per
-turn. A state the caller saved otherwise (a shared system prompt, say) is continued but never
-deleted.
+runs as a prefill of the messages with ``reuse: prefer`` — which continues the caller's saved
+state sharing the longest prefix with the conversation (the previous turn's,
+:mod:`werk.control.continuation`) — and a decode of the reply. Then the messages *with the
+reply* are kept as the conversation's disk state, continuing the live state the reply was
+decoded from (:meth:`~werk.control.prefill.PrefillFlow.keep_continuation`: on llama.cpp the
+slot already holds the reply, so almost nothing is evaluated), and the next turn evaluates only
+its own new message.
+
+Where the backend has proven prefix continuation (``runtime.state.restore.prefix``) before the
+turn, the turn's prefill keeps nothing (``retention: ephemeral``): the state with the reply is
+the turn's one disk write, made after the reply. Before that proof (a runtime's first turn) the
+prefill keeps the prompt as a disk state too, and the state with the reply then replaces it.
+When the reply cannot be kept (the backend no longer holds the turn's state, or keeping it
+failed, logged), the conversation's state stays the turn's prompt state where one was kept,
+else the state the turn continued. A state kept by a persisted turn is deleted (unless pinned)
+once a newer state of the same conversation is kept, so a conversation holds one state, not
+one per turn. A state the caller saved otherwise (a shared system prompt, say) is continued but
+never deleted.
 
 The answer is OpenAI's ``chat.completion`` object (``system_fingerprint``: the runtime's process
 generation) with a ``werk`` member: ``state_id`` (the conversation's state now) and
@@ -52,6 +58,7 @@ from ..protocol import (
     WerkError,
 )
 from .context import ServiceContext
+from .continuation import prefix_proven
 from .prefill import DecodedTurn, PrefillFlow
 from .states import SkipReasonLookup
 
@@ -142,37 +149,53 @@ class PersistedChats:
         allow = options.allow_experimental
         if isinstance(allow, msgspec.UnsetType):
             allow = defaults.allow_experimental if defaults is not None else False
-        prefill = PrefillRequest(
-            model=model,
-            messages=_messages(body),
-            policy=Policy(
-                retention=Retention.DISK,
-                reuse=Reuse.PREFER,
-                ttl_seconds=defaults.ttl_seconds if defaults is not None else None,
-            ),
-            allow_experimental=allow,
+        policy = Policy(
+            retention=Retention.DISK,
+            reuse=Reuse.PREFER,
+            ttl_seconds=defaults.ttl_seconds if defaults is not None else None,
+        )
+        conversation = PrefillRequest(
+            model=model, messages=_messages(body), policy=policy, allow_experimental=allow
         )
         decode_with = _decode_request(body, "wh_" + "0" * 16)  # checked before backend work
-        kept = await self._flow.prefill(principal, prefill, origin="chat")
+        # Where the reply will be kept by continuing the decoded state, the turn's prompt need
+        # not be written to disk first: one state per turn, and no disk write before the reply.
+        prompt_kept = not await self._continues_live(model, allow)
+        turn_prefill = (
+            conversation
+            if prompt_kept
+            else msgspec.structs.replace(
+                conversation, policy=Policy(retention=Retention.EPHEMERAL, reuse=Reuse.PREFER)
+            )
+        )
+        kept = await self._flow.prefill(principal, turn_prefill, origin="chat")
         turn = await self._flow.decode_turn(
             principal,
             msgspec.structs.replace(decode_with, handoff=kept.handoff.token),
             continues=True,
         )
         reply = turn.response
-        state_id = kept.state.id if kept.state is not None else None
-        state_tokens = kept.usage.prompt_tokens
-        with_reply = await self._keep_reply(principal, prefill, reply.text, turn)
-        superseded: list[str] = []
+        with_reply = await self._keep_turn(
+            principal, conversation, reply.text, turn, prompt_kept=kept.state is not None
+        )
+        prompt_state = kept.state.id if kept.state is not None else None
         continued = kept.reuse.state_id
-        if kept.reuse.match is ReuseMatch.PREFIX and continued is not None:
-            superseded = await self._supersede(principal, continued)
+        state_id: str | None
+        state_tokens: int | None
         if with_reply is not None:
-            if state_id is not None:  # the turn's prompt state (listed when it existed before)
-                deleted = await self._supersede(principal, state_id)
-                if kept.reuse.match is ReuseMatch.EXACT:
-                    superseded += deleted
             state_id, state_tokens = with_reply[0].id, with_reply[1].prompt_tokens
+        elif prompt_state is not None:
+            state_id, state_tokens = prompt_state, kept.usage.prompt_tokens
+        else:  # nothing kept for this turn: the conversation's state is still the continued one
+            state_id, state_tokens = continued, kept.reuse.restored_tokens
+        superseded: list[str] = []
+        prefix = kept.reuse.match is ReuseMatch.PREFIX
+        if prefix and continued is not None and state_id != continued:  # a newer one is kept
+            superseded = await self._supersede(principal, continued)
+        if prompt_state is not None and state_id != prompt_state:
+            deleted = await self._supersede(principal, prompt_state)
+            if kept.reuse.match is ReuseMatch.EXACT:  # listed when it existed before the turn
+                superseded += deleted
         usage = kept.usage
         runtime = self._service.runtimes.live().get(model)
         return {
@@ -203,21 +226,39 @@ class PersistedChats:
             },
         }
 
-    async def _keep_reply(
-        self, principal: str, prefill: PrefillRequest, text: str, turn: DecodedTurn
+    async def _continues_live(self, model: str, allow: bool) -> bool:
+        """Whether the model's running backend has proven prefix continuation for this request:
+        the reply can then be kept by continuing the decoded state. Before the proof (a runtime
+        not started yet, its probe not run), the turn's prompt is kept on disk as well."""
+        runtime = self._service.runtimes.live().get(model)
+        if runtime is None or not runtime.alive:
+            return False
+        return prefix_proven(await self._service.rows_for(runtime.model, runtime), allow)
+
+    async def _keep_turn(
+        self,
+        principal: str,
+        conversation: PrefillRequest,
+        text: str,
+        turn: DecodedTurn,
+        *,
+        prompt_kept: bool,
     ) -> tuple[StateSummary, PrefillOutcome] | None:
-        """The turn's prompt with its reply kept as the conversation's state (the next turn
-        then evaluates only its own message), or ``None`` when it could not be: the turn's
-        prompt state stays the conversation's (the next turn evaluates the reply too)."""
-        if not text or prefill.messages is None:
+        """The turn's messages with its reply kept as the conversation's state (the next turn
+        then evaluates only its own message), continuing the state the reply was decoded from;
+        the messages alone when the reply is empty and the turn's prompt was not kept yet.
+        ``None`` when nothing more could be kept (logged when keeping failed): the
+        conversation's state is then the turn's prompt state, or else the one it continued."""
+        if conversation.messages is None or (not text and prompt_kept):
             return None
-        request = msgspec.structs.replace(
-            prefill, messages=[*prefill.messages, ChatMessage(role="assistant", content=text)]
-        )
+        messages = conversation.messages
+        if text:
+            messages = [*messages, ChatMessage(role="assistant", content=text)]
+        request = msgspec.structs.replace(conversation, messages=messages)
         try:
             return await self._flow.keep_continuation(principal, request, turn, origin="chat")
         except WerkError as exc:
-            log.warning("a persisted chat's reply was not kept in its state: %s", exc)
+            log.warning("a persisted chat turn was not kept in its state: %s", exc)
             return None
 
     async def _supersede(self, principal: str, state_id: str) -> list[str]:

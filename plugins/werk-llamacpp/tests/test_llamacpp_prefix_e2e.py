@@ -165,6 +165,14 @@ def _states(client: httpx.Client) -> list[str]:
     return [s["id"] for s in client.get("/werk/v1/states").json()["states"]]
 
 
+def _commits(client: httpx.Client) -> int:
+    """How many states the server has written to its disk store (``/metrics``)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("werk_store_commit_duration_seconds_count "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no werk_store_commit_duration_seconds_count in /metrics")
+
+
 def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(home: Path) -> None:
     with _serve(home) as first, first.client(KEY_A) as alice:
         answer = _chat(alice, TURN_1, werk=PERSIST)
@@ -209,6 +217,10 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
             {"role": "assistant", "content": two["choices"][0]["message"]["content"]},
         ]
         turn_3.append({"role": "user", "content": "Thank you."})
+        # Prefix continuation is proven by now: the turn writes one state, the one with its
+        # reply (its prompt is not written first).
+        assert _row(alice)["status"] == "experimental"
+        commits = _commits(alice)
         with alice.stream(
             "POST",
             "/v1/chat/completions",
@@ -230,6 +242,8 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         assert last["werk"]["reuse"]["restored_tokens"] == state["state_tokens"]
         assert last["werk"]["superseded"] == [state["state_id"]]
         assert _states(alice) == [last["werk"]["state_id"]]
+        assert _commits(alice) == commits + 1
+        assert last["werk"]["state_tokens"] > last["usage"]["prompt_tokens"]
 
 
 def test_werk_chat_server_session_continues_its_state_on_the_server(
