@@ -160,10 +160,10 @@ class PersistedChats:
         decode_with = _decode_request(body, "wh_" + "0" * 16)  # checked before backend work
         # Where the reply will be kept by continuing the decoded state, the turn's prompt need
         # not be written to disk first: one state per turn, and no disk write before the reply.
-        prompt_kept = not await self._continues_live(model, allow)
+        keep_prompt = not await self._continues_live(model, allow)
         turn_prefill = (
             conversation
-            if prompt_kept
+            if keep_prompt
             else msgspec.structs.replace(
                 conversation, policy=Policy(retention=Retention.EPHEMERAL, reuse=Reuse.PREFER)
             )
