@@ -65,10 +65,10 @@ class FakeFlow:
     async def prefill(self, principal: str, request: Any, *, origin: str | None = None) -> Any:
         self.prefilled = request
         state = None
-        if request.policy.retention is Retention.DISK:
-            state = SimpleNamespace(id=self._kept_state)
-        elif self._reuse.match is ReuseMatch.EXACT:  # an exact reuse names the state reused
+        if self._reuse.match is ReuseMatch.EXACT:  # an exact reuse names the state reused
             state = SimpleNamespace(id=self._reuse.state_id)
+        elif request.policy.retention is Retention.DISK:
+            state = SimpleNamespace(id=self._kept_state)
         return SimpleNamespace(
             state=state,
             handoff=SimpleNamespace(token="wh_" + "1" * 16),
