@@ -198,7 +198,7 @@ def test_an_exact_reuse_is_listed_when_the_state_with_the_reply_replaces_it() ->
     assert werk["superseded"] == ["s_same"]
 
 
-def test_a_state_saved_otherwise_is_continued_but_never_deleted() -> None:
+def test_a_state_saved_otherwise_is_never_deleted_by_the_turn_that_continued_it() -> None:
     catalog = FakeCatalog({"s_prev": "api"})  # e.g. a shared system prompt saved by a prefill
     flow = FakeFlow(kept_state=None, reuse=PREFIX, reply="an answer", keeps=True)
     werk = _turn(flow, proven=True, catalog=catalog)

@@ -113,8 +113,6 @@ class DecodedTurn(NamedTuple):
     """The live state the decode ended in (``DecodeOutcome.after``), else the one the handoff
     carried (the backend may hold the reply on top of it)."""
     runtime: Runtime
-    state_id: str | None
-    """The named state the handoff's prefill kept (``None`` when ephemeral)."""
 
 
 class PrefillFlow:
@@ -490,4 +488,4 @@ class PrefillFlow:
             handoff=handoff,
         )
         ended = outcome.after if outcome.after is not None else live.state
-        return DecodedTurn(response, ended, runtime, consumed.binding.state_id)
+        return DecodedTurn(response, ended, runtime)
