@@ -36,16 +36,24 @@ MESSAGES = [{"role": "user", "content": "turn one"}]
 OPTIONS = ChatStateOptions(persist=True, allow_experimental=True)
 
 
-class FakeCatalog:
-    """States by id, each with its origin; prune deletes them."""
+SHARED_START, THIS_CONVERSATION = "pp_system", "pp_turn_one"
+"""Prefix fingerprints: of the system prompt alone, and of this conversation so far (the
+fakes' stand-ins for :func:`werk.state.prefixes.prefix_chain`)."""
 
-    def __init__(self, states: dict[str, str]) -> None:
+
+class FakeCatalog:
+    """States by id, each with its origin; prune deletes them. A state's conversation is this
+    turn's, whole, unless it is listed in ``others`` (it shares only the system prompt)."""
+
+    def __init__(self, states: dict[str, str], others: frozenset[str] = frozenset()) -> None:
         self.states = dict(states)
+        self.others = others
 
     def get(self, principal: str, state_id: str) -> Any:
         if state_id not in self.states:
             raise NotFound("no such state")
-        return SimpleNamespace(origin=self.states[state_id])
+        whole = "pp_another_conversation" if state_id in self.others else THIS_CONVERSATION
+        return SimpleNamespace(origin=self.states[state_id], prefixes=(SHARED_START, whole))
 
     def prune(self, principal: str, request: Any, *, busy: Any) -> Any:
         deleted = [i for i in request.ids if i in self.states]
@@ -75,6 +83,9 @@ class FakeFlow:
             reuse=self._reuse,
             usage=PrefillUsage(prompt_tokens=40, cached_tokens=30, evaluated_tokens=10),
         )
+
+    def prompt_prefixes(self, principal: str, request: Any) -> frozenset[str]:
+        return frozenset({SHARED_START, THIS_CONVERSATION})
 
     async def decode_turn(self, principal: str, request: Any, *, continues: bool) -> Any:
         assert continues
@@ -204,3 +215,12 @@ def test_a_state_saved_otherwise_is_never_deleted_by_the_turn_that_continued_it(
     werk = _turn(flow, proven=True, catalog=catalog)
     assert werk["superseded"] == []
     assert catalog.states == {"s_prev": "api"}
+
+
+def test_a_state_of_another_conversation_sharing_its_start_is_continued_but_not_deleted() -> None:
+    catalog = FakeCatalog({"s_prev": "chat"}, others=frozenset({"s_prev"}))
+    flow = FakeFlow(kept_state=None, reuse=PREFIX, reply="an answer", keeps=True)
+    werk = _turn(flow, proven=True, catalog=catalog)
+    assert werk["state_id"] == "s_reply"
+    assert werk["superseded"] == []
+    assert catalog.states == {"s_prev": "chat"}  # still the other conversation's

@@ -16,10 +16,11 @@ the turn's one disk write, made after the reply. Before that proof (a runtime's 
 prefill keeps the prompt as a disk state too, and the state with the reply then replaces it.
 When the reply cannot be kept (the backend no longer holds the turn's state, or keeping it
 failed, logged), the conversation's state stays the turn's prompt state where one was kept,
-else the state the turn continued. A state kept by a persisted turn is deleted (unless pinned)
-once a newer state of the same conversation is kept, so a conversation holds one state, not
-one per turn. A state the caller saved otherwise (a shared system prompt, say) is continued but
-never deleted.
+else the state the turn continued. A state kept by a persisted turn is deleted (unless
+pinned) once a turn that extends its *whole* conversation keeps a newer one, so a conversation
+holds one state, not one per turn; a turn that shares only part of it (another conversation
+with the same system prompt, a regenerated or edited reply) may continue it but leaves it. A
+state the caller saved otherwise (a shared system prompt, say) is continued but never deleted.
 
 The answer is OpenAI's ``chat.completion`` object (``system_fingerprint``: the runtime's process
 generation) with a ``werk`` member: ``state_id`` (the conversation's state now) and
@@ -191,7 +192,7 @@ class PersistedChats:
         superseded: list[str] = []
         prefix = kept.reuse.match is ReuseMatch.PREFIX
         if prefix and continued is not None and state_id != continued:  # a newer one is kept
-            superseded = await self._supersede(principal, continued)
+            superseded = await self._supersede(principal, continued, grown=conversation)
         if prompt_state is not None and state_id != prompt_state:
             deleted = await self._supersede(principal, prompt_state)
             if kept.reuse.match is ReuseMatch.EXACT:  # listed when it existed before the turn
@@ -261,14 +262,24 @@ class PersistedChats:
             log.warning("a persisted chat turn was not kept in its state: %s", exc)
             return None
 
-    async def _supersede(self, principal: str, state_id: str) -> list[str]:
-        """Delete the continued state when a persisted turn kept it (never a pinned one)."""
+    async def _supersede(
+        self, principal: str, state_id: str, *, grown: PrefillRequest | None = None
+    ) -> list[str]:
+        """Delete a state a persisted turn kept (never a pinned one). With ``grown``: only
+        when ``grown`` — the turn that continued it — extends its whole conversation; one
+        that shares only a part of it (another conversation with the same system prompt, a
+        regenerated or edited reply) leaves it to the conversation it belongs to."""
         catalog = self._service.catalog
         try:
             stored = await anyio.to_thread.run_sync(lambda: catalog.get(principal, state_id))
         except NotFound:
             return []
         if stored.origin != "chat":
+            return []
+        if grown is not None and (
+            not stored.prefixes
+            or stored.prefixes[-1] not in self._flow.prompt_prefixes(principal, grown)
+        ):
             return []
         request = PruneRequest(ids=[state_id], dry_run=False)
         busy = SkipReasonLookup(self._service, principal)  # a live handoff keeps it

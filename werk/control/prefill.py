@@ -149,6 +149,12 @@ class PrefillFlow:
             whole=True,
         )
 
+    def prompt_prefixes(self, principal: str, request: PrefillRequest) -> frozenset[str]:
+        """The fingerprints of ``request``'s prompt and of its prefixes: a stored state whose
+        last recorded fingerprint is among them holds a prefix of this prompt, whole."""
+        spec = self.s.spec(request.model)
+        return frozenset(fp for _, fp in self._chain(principal, spec, request))
+
     async def prefill(
         self, principal: str, request: PrefillRequest, *, origin: Literal["chat"] | None = None
     ) -> PrefillResponse:

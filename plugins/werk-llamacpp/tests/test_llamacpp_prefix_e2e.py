@@ -165,12 +165,22 @@ def _states(client: httpx.Client) -> list[str]:
     return [s["id"] for s in client.get("/werk/v1/states").json()["states"]]
 
 
-def _commits(client: httpx.Client) -> int:
-    """How many states the server has written to its disk store (``/metrics``)."""
+def _counted(client: httpx.Client, metric: str) -> int:
+    """A histogram's count in ``/metrics``."""
     for line in client.get("/metrics").text.splitlines():
-        if line.startswith("werk_store_commit_duration_seconds_count "):
+        if line.startswith(f"{metric}_count "):
             return int(float(line.split()[1]))
-    raise AssertionError("no werk_store_commit_duration_seconds_count in /metrics")
+    raise AssertionError(f"no {metric}_count in /metrics")
+
+
+def _commits(client: httpx.Client) -> int:
+    """How many states the server has written to its disk store."""
+    return _counted(client, "werk_store_commit_duration_seconds")
+
+
+def _restores(client: httpx.Client) -> int:
+    """How many disk states the server has restored into its backend."""
+    return _counted(client, "werk_state_restore_duration_seconds")
 
 
 def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(home: Path) -> None:
@@ -244,6 +254,34 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         assert _states(alice) == [last["werk"]["state_id"]]
         assert _commits(alice) == commits + 1
         assert last["werk"]["state_tokens"] > last["usage"]["prompt_tokens"]
+
+
+def test_conversations_sharing_a_system_prompt_keep_their_own_states(home: Path) -> None:
+    """Bob's first turn continues Alice's state where they share the system prompt, but does
+    not delete it: Alice's next turn continues her own state (from disk: Bob's turn took the
+    one state slot)."""
+    with _serve(home) as server, server.client(KEY_A) as client:
+        alice = [SYSTEM, {"role": "user", "content": "Which clock is the oldest one here?"}]
+        a1 = _chat(client, alice, werk=PERSIST).json()
+        bob = [SYSTEM, {"role": "user", "content": "Who rings the bell at noon?"}]
+        b1 = _chat(client, bob, werk=PERSIST).json()
+        assert b1["werk"]["reuse"]["state_id"] == a1["werk"]["state_id"]  # the shared start
+        assert b1["werk"]["superseded"] == []
+        assert sorted(_states(client)) == sorted([a1["werk"]["state_id"], b1["werk"]["state_id"]])
+        alice += [
+            {"role": "assistant", "content": a1["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "And who winds it?"},
+        ]
+        restores = _restores(client)
+        a2 = _chat(client, alice, werk=PERSIST).json()
+        assert a2["werk"]["reuse"]["state_id"] == a1["werk"]["state_id"]
+        assert a2["werk"]["reuse"]["restored_tokens"] == a1["werk"]["state_tokens"]
+        assert _restores(client) == restores + 1
+        assert a2["werk"]["evaluated_tokens"] == (
+            a2["usage"]["prompt_tokens"] - a1["werk"]["state_tokens"]
+        )
+        assert a2["werk"]["superseded"] == [a1["werk"]["state_id"]]
+        assert sorted(_states(client)) == sorted([a2["werk"]["state_id"], b1["werk"]["state_id"]])
 
 
 def test_werk_chat_server_session_continues_its_state_on_the_server(
