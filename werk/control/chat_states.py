@@ -16,11 +16,14 @@ the turn's one disk write, made after the reply. Before that proof (a runtime's 
 prefill keeps the prompt as a disk state too, and the state with the reply then replaces it.
 When the reply cannot be kept (the backend no longer holds the turn's state, or keeping it
 failed, logged), the conversation's state stays the turn's prompt state where one was kept,
-else the state the turn continued. A state kept by a persisted turn is deleted (unless
-pinned) once a turn that extends its *whole* conversation keeps a newer one, so a conversation
-holds one state, not one per turn; a turn that shares only part of it (another conversation
-with the same system prompt, a regenerated or edited reply) may continue it but leaves it. A
-state the caller saved otherwise (a shared system prompt, say) is continued but never deleted.
+else the state the turn continued. On the same process generation the next turn continues the
+live state the conversation's state was written from, where the backend still holds it
+(:mod:`werk.control.live_kept`), instead of restoring the disk copy. A state kept by a
+persisted turn is deleted (unless pinned) once a turn that extends its *whole* conversation
+keeps a newer one, so a conversation holds one state, not one per turn; a turn that shares only
+part of it (another conversation with the same system prompt, a regenerated or edited reply)
+may continue it but leaves it. A state the caller saved otherwise (a shared system prompt, say)
+is continued but never deleted.
 
 The answer is OpenAI's ``chat.completion`` object (``system_fingerprint``: the runtime's process
 generation) with a ``werk`` member: ``state_id`` (the conversation's state now) and

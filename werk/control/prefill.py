@@ -65,6 +65,7 @@ from .accounting import RestoreResult
 from .context import ServiceContext
 from .continuation import prefix_proven
 from .gates import gate
+from .live_kept import LiveKept
 from .payloads import DiskCopy, owned_payload
 from .reuse import Reusable, ReuseLookup
 
@@ -118,7 +119,9 @@ class DecodedTurn(NamedTuple):
 class PrefillFlow:
     def __init__(self, service: ServiceContext) -> None:
         self.s = service
-        self.reuse = ReuseLookup(service)
+        self.live_kept = LiveKept()
+        """The live states persisted turns were kept from (:mod:`werk.control.live_kept`)."""
+        self.reuse = ReuseLookup(service, self.live_kept)
 
     # -- prefill -----------------------------------------------------------------------------
 
@@ -207,13 +210,13 @@ class PrefillFlow:
             outcome_kind = ReuseOutcome.DISABLED
 
         with self.s.handoffs.reserve(principal) as reservation:
-            outcome = await self._backend_prefill(
+            outcome, reused = await self._continue(
+                principal,
                 runtime,
                 request,
                 policy,
+                reused,
                 keep=policy.retention.value != "ephemeral",
-                reuse_from=reused.payload if reused is not None else None,
-                continued=reused is not None and reused.prefix,
             )
             # The probe (if any) ran inside the backend call: gate on the statuses as they are now.
             rows = await self.s.rows_for(spec, runtime)
@@ -282,6 +285,45 @@ class PrefillFlow:
                 ),
             ),
         )
+
+    async def _continue(
+        self,
+        principal: str,
+        runtime: Runtime,
+        request: PrefillRequest,
+        policy: Policy,
+        reused: Reusable | None,
+        *,
+        keep: bool,
+    ) -> tuple[PrefillOutcome, Reusable | None]:
+        """The backend's prefill of ``request``, continuing ``reused`` if any. A live state
+        (:attr:`Reusable.live`) is offered with ``reuse: required``; where the backend no
+        longer holds it, its disk copy is restored and offered instead."""
+        if reused is not None and reused.live:
+            try:
+                outcome = await self._backend_prefill(
+                    runtime,
+                    request,
+                    msgspec.structs.replace(policy, reuse=Reuse.REQUIRED),
+                    keep=keep,
+                    reuse_from=reused.payload,
+                    continued=True,
+                )
+                return outcome, reused
+            except ReuseUnavailable:
+                log.debug(
+                    "state %s: its live state is gone; restoring its disk copy", reused.state_id
+                )
+                reused = await self.reuse.from_disk(principal, reused, runtime)
+        outcome = await self._backend_prefill(
+            runtime,
+            request,
+            policy,
+            keep=keep,
+            reuse_from=reused.payload if reused is not None else None,
+            continued=reused is not None and reused.prefix,
+        )
+        return outcome, reused
 
     async def _backend_prefill(
         self,
@@ -386,7 +428,8 @@ class PrefillFlow:
         holds the reply's tokens there evaluates (almost) nothing more. No handoff is issued
         and no decode follows (``PrefillCall.decode`` false). ``None``, with nothing kept,
         when the backend has not proven prefix continuation for this request or no longer
-        holds the turn's state.
+        holds the turn's state. The live state a disk state was kept from is remembered for the
+        conversation's next turn (:mod:`werk.control.live_kept`).
         """
         runtime, spec = turn.runtime, turn.runtime.model
         effective = effective_prefill_policy(request, self.s.config.persistence_defaults)
@@ -425,7 +468,11 @@ class PrefillFlow:
                 prefixes=lambda: self._chain(principal, spec, request),
                 origin=origin,
             )
-        return (summary, outcome) if summary is not None else None
+        if summary is None:
+            return None
+        if summary.tier is Tier.DISK and not self.s.pm.backends[runtime.backend].states_in_process:
+            self.live_kept.remember(principal, summary.id, outcome.state)
+        return summary, outcome
 
     # -- decode ------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from .context import ServiceContext
 from .continuation import prefix_offered, prefix_proven
 from .continuation import why_not_across as _why_not_across
 from .gates import gate, status_of
+from .live_kept import LiveKept
 from .payloads import materialize
 
 __all__ = ["Reusable", "ReuseLookup"]
@@ -32,13 +33,18 @@ class Reusable(msgspec.Struct, frozen=True):
     """Handed to the backend from the disk store in this request (counted as a restore)."""
     prefix: bool = False
     """Its prompt shares only a prefix with this one: the prefill continues it."""
+    live: bool = False
+    """``payload`` is the live state the disk state was written from, still in this process
+    generation (:mod:`werk.control.live_kept`): offered with ``reuse: required``; where the
+    backend no longer holds it, :meth:`ReuseLookup.from_disk` restores the disk copy."""
 
 
 class ReuseLookup:
     """The reuse side of :class:`~werk.control.prefill.PrefillFlow`."""
 
-    def __init__(self, service: ServiceContext) -> None:
+    def __init__(self, service: ServiceContext, live_kept: LiveKept) -> None:
         self.s = service
+        self.live_kept = live_kept
 
     async def find_prefix(
         self,
@@ -68,6 +74,10 @@ class ReuseLookup:
             if not across:
                 rows = await self.s.rows_for(runtime.model, runtime)
                 gate(rows, CapabilityId.STATE_RESTORE, allow_experimental=allow_experimental)
+                live_state = self.live_kept.take(principal, stored.id, runtime.generation)
+                if live_state is not None and prefix_proven(rows, allow_experimental):
+                    summary = stored.summary(reusable=True)
+                    return Reusable(stored.id, live_state, summary, prefix=True, live=True), None
             try:
                 live = await self.restore(principal, stored.id, runtime)
             except IncompatibleState as exc:
@@ -138,6 +148,12 @@ class ReuseLookup:
             )
             return envelopes, reused, None
         return envelopes, None, refusal
+
+    async def from_disk(self, principal: str, reused: Reusable, runtime: Runtime) -> Reusable:
+        """``reused`` — a live state the backend no longer holds — restored from its disk
+        copy instead."""
+        payload = await self.restore(principal, reused.state_id, runtime)
+        return msgspec.structs.replace(reused, payload=payload, live=False, restored=True)
 
     async def why_not_across(self, runtime: Runtime, allow_experimental: bool) -> str | None:
         """:func:`werk.control.continuation.why_not_across` for this runtime's rows."""

@@ -205,6 +205,7 @@ class LocalControlService(WerkControl):
         """Drop volatile states and handoffs of process generations that ended."""
         live = self.runtimes.generations()
         self.volatile.drop_generations(live)
+        self.flow.live_kept.drop_generations(live)
         for generation in self.runtimes.take_retired():
             self.handoffs.drop_generation(generation)
 

@@ -228,9 +228,11 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         ]
         turn_3.append({"role": "user", "content": "Thank you."})
         # Prefix continuation is proven by now: the turn writes one state, the one with its
-        # reply (its prompt is not written first).
+        # reply (its prompt is not written first). The state it continues was written on this
+        # server from the slot turn 2's reply was decoded in, which still holds it: that live
+        # state is continued, nothing is restored from disk.
         assert _row(alice)["status"] == "experimental"
-        commits = _commits(alice)
+        commits, restores = _commits(alice), _restores(alice)
         with alice.stream(
             "POST",
             "/v1/chat/completions",
@@ -249,23 +251,29 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         last = json.loads(events[-2])
         assert last["choices"][0]["finish_reason"] in ("stop", "length")
         assert last["werk"]["reuse"]["match"] == "prefix"
-        assert last["werk"]["reuse"]["restored_tokens"] == state["state_tokens"]
+        assert last["werk"]["reuse"]["state_id"] == state["state_id"]
+        assert last["werk"]["reuse"]["restored_tokens"] is None
+        assert last["usage"]["prompt_tokens_details"]["cached_tokens"] == state["state_tokens"]
+        assert last["werk"]["evaluated_tokens"] == (
+            last["usage"]["prompt_tokens"] - state["state_tokens"]
+        )
         assert last["werk"]["superseded"] == [state["state_id"]]
         assert _states(alice) == [last["werk"]["state_id"]]
-        assert _commits(alice) == commits + 1
+        assert (_commits(alice), _restores(alice)) == (commits + 1, restores)
         assert last["werk"]["state_tokens"] > last["usage"]["prompt_tokens"]
 
 
 def test_conversations_sharing_a_system_prompt_keep_their_own_states(home: Path) -> None:
     """Bob's first turn continues Alice's state where they share the system prompt, but does
-    not delete it: Alice's next turn continues her own state (from disk: Bob's turn took the
-    one state slot)."""
+    not delete it: Alice's next turn continues her own state. Bob's turn continued the live
+    state Alice's was written from (and changed it), so Alice's state comes from disk."""
     with _serve(home) as server, server.client(KEY_A) as client:
         alice = [SYSTEM, {"role": "user", "content": "Which clock is the oldest one here?"}]
         a1 = _chat(client, alice, werk=PERSIST).json()
         bob = [SYSTEM, {"role": "user", "content": "Who rings the bell at noon?"}]
         b1 = _chat(client, bob, werk=PERSIST).json()
         assert b1["werk"]["reuse"]["state_id"] == a1["werk"]["state_id"]  # the shared start
+        assert b1["werk"]["reuse"]["restored_tokens"] is None  # Alice's live state, in place
         assert b1["werk"]["superseded"] == []
         assert sorted(_states(client)) == sorted([a1["werk"]["state_id"], b1["werk"]["state_id"]])
         alice += [
@@ -282,6 +290,25 @@ def test_conversations_sharing_a_system_prompt_keep_their_own_states(home: Path)
         )
         assert a2["werk"]["superseded"] == [a1["werk"]["state_id"]]
         assert sorted(_states(client)) == sorted([a2["werk"]["state_id"], b1["werk"]["state_id"]])
+
+
+def test_a_turn_whose_live_state_is_gone_continues_the_disk_copy(home: Path) -> None:
+    """Another prompt's prefill takes the one state slot between two turns: the live state the
+    first turn's state was written from is gone, the backend refuses to continue it, and the
+    turn continues the disk copy instead — restored, only the new message evaluated."""
+    with _serve(home) as server, server.client(KEY_A) as client:
+        one = _chat(client, TURN_1, werk=PERSIST).json()
+        other = [{"role": "user", "content": "Something else entirely, please."}]
+        _decode(client, _prefill(client, other, reuse="disabled")["handoff"]["token"])
+        restores = _restores(client)
+        two = _chat(client, _turn_2(one["choices"][0]["message"]["content"]), werk=PERSIST).json()
+        assert two["werk"]["reuse"]["state_id"] == one["werk"]["state_id"]
+        assert two["werk"]["reuse"]["restored_tokens"] == one["werk"]["state_tokens"]
+        assert _restores(client) == restores + 1
+        assert two["werk"]["evaluated_tokens"] == (
+            two["usage"]["prompt_tokens"] - one["werk"]["state_tokens"]
+        )
+        assert two["werk"]["superseded"] == [one["werk"]["state_id"]]
 
 
 def test_werk_chat_server_session_continues_its_state_on_the_server(
