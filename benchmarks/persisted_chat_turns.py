@@ -9,12 +9,14 @@ null). **disk**: before each turn another prompt's prefill takes the state slot,
 restores the conversation's state from disk (read, SHA-256 verified, copied, loaded by
 llama-server) — what every turn cost before live states were continued, and what a turn still
 costs after a restart or when another conversation had the slot. The eviction is not timed.
-Each row: the turn's prompt tokens, the tokens it evaluated, and the wall time of the whole
-turn (prefill, a ``--reply-tokens`` decode, keeping the state with its reply) both ways.
+``--rounds`` conversations of each kind run, the kinds taking turns (live first, then disk
+first, …), so that drift of the machine falls on both. Each row: the turn's prompt tokens, the
+tokens it evaluated, and the median wall time of the whole turn (prefill, a
+``--reply-tokens`` decode, keeping the state with its reply) both ways.
 
 Run: ``.venv/bin/python benchmarks/persisted_chat_turns.py [--turns 8] [--size medium]
-[--reply-tokens 8]`` (needs the llama-server build: ``make llama-server``). Figures are printed,
-never asserted.
+[--reply-tokens 8] [--rounds 3]`` (needs the llama-server build: ``make llama-server``).
+Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -66,10 +68,10 @@ def evict(client: httpx.Client, n: int) -> None:
 
 
 def conversation(
-    client: httpx.Client, name: str, args: argparse.Namespace
+    client: httpx.Client, name: str, round_: int, args: argparse.Namespace
 ) -> list[tuple[int, float, Any]]:
     """One conversation's turns, back to back (``disk``: the state slot taken before each)."""
-    messages = [{"role": "system", "content": f"{name}: {SYSTEM}"}]
+    messages = [{"role": "system", "content": f"{name} {round_}: {SYSTEM}"}]
     turns = []
     for n in range(1, args.turns + 1):
         messages.append({"role": "user", "content": QUESTION.format(n=n)})
@@ -88,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--size", default="medium")
     parser.add_argument("--reply-tokens", type=int, default=8, help="each reply's max_tokens")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="conversations per mode (the modes take turns)"
+    )
     args = parser.parse_args(argv)
     rows: list[tuple[int, int, int, float, float, Any]] = []
+    timed: dict[str, list[list[tuple[int, float, Any]]]] = {"live": [], "disk": []}
     with tempfile.TemporaryDirectory(prefix="werk-bench-turns-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
@@ -98,15 +104,21 @@ def main(argv: list[str] | None = None) -> int:
         with werk_serve(home, ["demo"], log) as served, httpx.Client(base_url=served.url) as c:
             turn(c, [{"role": "user", "content": "Warm up."}], 1)  # the probe runs here
             wait_for_proof(c)
-            timed = {name: conversation(c, name, args) for name in ("live", "disk")}
-    for (n, live_s, live), (_, disk_s, disk) in zip(timed["live"], timed["disk"], strict=True):
-        if n > 1:
-            restored = (
-                live["werk"]["reuse"]["restored_tokens"],
-                disk["werk"]["reuse"]["restored_tokens"],
-            )
-            prompt, new = live["usage"]["prompt_tokens"], live["werk"]["evaluated_tokens"]
-            rows.append((n, prompt, new, live_s, disk_s, restored))
+            for r in range(args.rounds):  # live first, then disk first, ...
+                for name in ("live", "disk") if r % 2 == 0 else ("disk", "live"):
+                    timed[name].append(conversation(c, name, r, args))
+    for n in range(2, args.turns + 1):
+        live = [turns[n - 1] for turns in timed["live"]]
+        disk = [turns[n - 1] for turns in timed["disk"]]
+        restored = (
+            {t[2]["werk"]["reuse"]["restored_tokens"] for t in live},
+            {t[2]["werk"]["reuse"]["restored_tokens"] for t in disk},
+        )
+        answer = live[0][2]
+        prompt, new = answer["usage"]["prompt_tokens"], answer["werk"]["evaluated_tokens"]
+        live_s = statistics.median(t[1] for t in live)
+        disk_s = statistics.median(t[1] for t in disk)
+        rows.append((n, prompt, new, live_s, disk_s, restored))
     print(f"{'turn':>4} {'prompt':>7} {'new':>5} {'live':>9} {'disk':>9} {'live/disk':>9}  "
           "restored tokens (live, disk)")  # fmt: skip
     for n, prompt, new, live_s, disk_s, restored in rows:
