@@ -126,6 +126,7 @@ if TYPE_CHECKING:
     )
     from .runner import RunnerModel, RunnerStream, run_generation
     from .source_wheels import SourceWheel
+    from .sse import EventTooLarge, SSEDecoder
     from .supervise import (
         ProcessExited,
         SupervisedProcess,
@@ -214,6 +215,8 @@ _HOME: dict[str, str] = {
     "LoopbackTimeout": ".loopback",
     "NotSent": ".loopback",
     "ResponseTooLarge": ".loopback",
+    "EventTooLarge": ".sse",
+    "SSEDecoder": ".sse",
     "ModelManifest": ".models",
     "ModelRegistry": ".models",
     "ENTRY_POINT_GROUP": ".plugins",
@@ -292,6 +295,7 @@ __all__ = [
     "EnvironmentState",
     "EnvironmentStatus",
     "ErrorCode",
+    "EventTooLarge",
     "ExperimentalOptInRequired",
     "ExpertMove",
     "ExpertMoveOutcome",
@@ -346,6 +350,7 @@ __all__ = [
     "Runtime",
     "RuntimeEnded",
     "RuntimeRequirement",
+    "SSEDecoder",
     "SourceWheel",
     "StateKind",
     "StateProbe",

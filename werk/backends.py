@@ -433,6 +433,12 @@ class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):
         keeping its reply: a :func:`werk_prefill` with ``decode`` false whose prompt is this
         state's prompt plus the reply): keep the state as the reply left it for that prefill,
         and return it as ``DecodeOutcome.after``.
+    :ivar on_text: present when a client waits for the reply as it is generated (a streamed
+        persisted chat): await it with each new piece of the text, in order, as the backend
+        produces it; the pieces must add up to the start of ``DecodeOutcome.text`` (the host
+        sends whatever they leave out when the decode returns). A backend that cannot stream
+        never calls it: the client then gets the text in one piece. An exception it raises
+        (the client left, the text passed Werk's bound) must end the decode.
     """
 
     state: BackendState
@@ -442,6 +448,7 @@ class DecodeCall(msgspec.Struct, frozen=True, kw_only=True):
     stop: Sequence[str] = ()
     restore: Callable[[], Awaitable[BackendState]] | None = None
     continues: bool = False
+    on_text: Callable[[str], Awaitable[None]] | None = None
 
 
 class DecodeOutcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -87,8 +87,12 @@ class FakeFlow:
     def prompt_prefixes(self, principal: str, request: Any) -> frozenset[str]:
         return frozenset({SHARED_START, THIS_CONVERSATION})
 
-    async def decode_turn(self, principal: str, request: Any, *, continues: bool) -> Any:
+    async def decode_turn(
+        self, principal: str, request: Any, *, continues: bool, on_text: Any = None
+    ) -> Any:
         assert continues
+        if on_text is not None:
+            await on_text(self._reply)
         response = DecodeResponse(
             text=self._reply,
             finish_reason=FinishReason.STOP,

@@ -16,6 +16,7 @@ iterator early closes the connection, which cancels the reply on the server.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Callable, Generator
@@ -124,8 +125,9 @@ class RemoteEngine:
             return
         persisted = {k: v for k, v in body.items() if k != "stream_options"}
         persisted["werk"] = {"persist": True, "allow_experimental": True}
-        try:
-            chunks = list(self._stream(persisted))  # one chunk of text: nothing to interleave
+        chunks = self._stream(persisted)
+        try:  # a refusal comes before the first chunk: ask again without keeping states
+            first = next(chunks, None)
         except WerkError as exc:
             if exc.code.value not in _NOT_PERSISTABLE:
                 raise
@@ -135,7 +137,7 @@ class RemoteEngine:
             )
             yield from self._stream(body)
             return
-        for chunk in chunks:
+        for chunk in itertools.chain([first] if first is not None else [], chunks):
             state = chunk.get("werk")
             if isinstance(state, dict):
                 reuse = state.get("reuse") or {}
@@ -144,7 +146,7 @@ class RemoteEngine:
                     f" ({reuse.get('match') or 'no match'}), evaluated "
                     f"{state.get('evaluated_tokens')} token(s)"
                 )
-        yield from chunks
+            yield chunk
 
     def _stream(self, body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
         content = json.dumps(body, ensure_ascii=False).encode("utf-8")

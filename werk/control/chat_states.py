@@ -25,14 +25,16 @@ part of it (another conversation with the same system prompt, a regenerated or e
 may continue it but leaves it. A state the caller saved otherwise (a shared system prompt, say)
 is continued but never deleted.
 
-The answer is OpenAI's ``chat.completion`` object (``system_fingerprint``: the runtime's process
-generation) with a ``werk`` member: ``state_id`` (the conversation's state now) and
-``state_tokens`` (the tokens it holds), ``reuse`` (as the turn's prefill's),
-``evaluated_tokens`` (of the turn's prompt) and ``superseded`` (the ids of earlier turns'
-states deleted). Only the fields a prefill and a decode can honour are accepted: ``model``,
-``messages`` (``system``/``user``/``assistant``/``tool`` with text content), ``max_tokens`` (or
-``max_completion_tokens``), ``temperature``, ``seed``, ``stop``, ``stream`` and ``werk``; any
-other field is refused (``400``, naming it) rather than silently ignored.
+A streamed turn (:mod:`werk.http.persisted_chat`) hands the reply on as the backend generates
+it (``on_text``, ``DecodeCall.on_text``). The answer is OpenAI's ``chat.completion`` object
+(``system_fingerprint``: the runtime's process generation) with a ``werk`` member:
+``state_id`` (the conversation's state now) and ``state_tokens`` (the tokens it holds),
+``reuse`` (as the turn's prefill's), ``evaluated_tokens`` (of the turn's prompt) and
+``superseded`` (the ids of earlier turns' states deleted). Only the fields a prefill and a
+decode can honour are accepted: ``model``, ``messages`` (``system``/``user``/``assistant``/
+``tool`` with text content), ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
+``seed``, ``stop``, ``stream`` and ``werk``; any other field is refused (``400``, naming it)
+rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -84,7 +87,7 @@ ACCEPTED_FIELDS = frozenset(
     }
 )
 DEFAULT_MAX_TOKENS = 256
-"""The reply's bound when the request gives none (a decode is not streamed token by token)."""
+"""The reply's bound when the request gives none."""
 _DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
 
 
@@ -136,9 +139,15 @@ class PersistedChats:
         self._flow = flow
 
     async def complete(
-        self, principal: str, body: dict[str, Any], options: ChatStateOptions
+        self,
+        principal: str,
+        body: dict[str, Any],
+        options: ChatStateOptions,
+        *,
+        on_text: Callable[[str], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
-        """One persisted turn (see the module docstring); the ``chat.completion`` object."""
+        """One persisted turn (see the module docstring); the ``chat.completion`` object.
+        ``on_text``: awaited with the reply's text as it is generated (a streamed turn)."""
         unknown = sorted(set(body) - ACCEPTED_FIELDS)
         if unknown:
             raise InvalidRequest(
@@ -177,6 +186,7 @@ class PersistedChats:
             principal,
             msgspec.structs.replace(decode_with, handoff=kept.handoff.token),
             continues=True,
+            on_text=on_text,
         )
         reply = turn.response
         with_reply = await self._keep_turn(

@@ -9,6 +9,7 @@ principal (``local`` or ``p_<hex>``), never an API key.
 from __future__ import annotations
 
 import abc
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import anyio
@@ -210,11 +211,17 @@ class WerkControl(abc.ABC):
 
     @abc.abstractmethod
     async def persisted_chat(
-        self, principal: str, body: dict[str, Any], options: ChatStateOptions
+        self,
+        principal: str,
+        body: dict[str, Any],
+        options: ChatStateOptions,
+        *,
+        on_text: Callable[[str], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
         """A ``/v1`` chat turn with ``werk.persist``: prefill (continuing the longest saved
         prefix), decode, supersede (:mod:`werk.control.chat_states`); the
-        ``chat.completion`` object."""
+        ``chat.completion`` object. ``on_text`` gets the reply's text as it is generated
+        (where the backend streams its decode; else all of it when the decode returns)."""
 
     # lifecycle -------------------------------------------------------------------------------
     @abc.abstractmethod

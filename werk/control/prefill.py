@@ -16,7 +16,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal, NamedTuple
 
 import anyio
@@ -68,6 +68,7 @@ from .gates import gate
 from .live_kept import LiveKept
 from .payloads import DiskCopy, owned_payload
 from .reuse import Reusable, ReuseLookup
+from .streamed_text import StreamedText
 
 __all__ = ["DecodedTurn", "PrefillFlow"]
 
@@ -480,11 +481,18 @@ class PrefillFlow:
         return (await self.decode_turn(principal, request)).response
 
     async def decode_turn(
-        self, principal: str, request: DecodeRequest, *, continues: bool = False
+        self,
+        principal: str,
+        request: DecodeRequest,
+        *,
+        continues: bool = False,
+        on_text: Callable[[str], Awaitable[None]] | None = None,
     ) -> DecodedTurn:
         """One decode, with the live state it ended in and the runtime that ran it (what
         :meth:`keep_continuation` needs to keep the reply; ``continues``: it will, so the
-        backend keeps that state for it, ``DecodeCall.continues``)."""
+        backend keeps that state for it, ``DecodeCall.continues``). ``on_text`` gets the text
+        as it is generated, within the 1 MiB bound (:class:`.StreamedText`); the returned text
+        is the same."""
         self.s.forget_dead_generations()
         consumed = self.s.handoffs.consume(
             principal, request.handoff, generation=self.s.runtimes.generations()
@@ -506,6 +514,7 @@ class PrefillFlow:
                 if live.persisted and state_id is not None
                 else None
             )
+            stream = StreamedText(on_text) if on_text is not None else None
             with self.s.runtimes.hold(runtime), contextlib.ExitStack() as cleanup:
                 if copy is not None:
                     cleanup.callback(copy.discard)
@@ -520,9 +529,12 @@ class PrefillFlow:
                         stop=request.stop,
                         restore=copy.payload if copy is not None else None,
                         continues=continues,
+                        on_text=stream.piece if stream is not None else None,
                     ),
                 )
             text = bound_completion_text(outcome.text)
+            if stream is not None:
+                await stream.rest(text)
             handoff = None
             if outcome.state is not None:
                 issued = consumed.replace(

@@ -493,9 +493,14 @@ class LocalControlService(WerkControl):
         return await self.openai.request(principal, route, body, started=started)
 
     async def persisted_chat(
-        self, principal: str, body: dict[str, Any], options: ChatStateOptions
+        self,
+        principal: str,
+        body: dict[str, Any],
+        options: ChatStateOptions,
+        *,
+        on_text: Callable[[str], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
-        return await self.chats.complete(principal, body, options)
+        return await self.chats.complete(principal, body, options, on_text=on_text)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from ..protocol.paging import decode_cursor, page_after, parse_limit
 from .auth import Authenticator
 from .errors import error_response, to_werk_error
 from .guard import admit
+from .persisted_chat import PersistedTurnStream
 from .requests import decode_body, read_form, read_object, read_struct
 
 __all__ = ["openai_routes"]
@@ -154,9 +155,15 @@ def _completion_route(
                 _require_messages(body)
                 options = chat_state_options(body)
                 if options is not None and options.persist:
-                    answer = await control.persisted_chat(principal, body, options)
                     if body.get("stream") is True:
-                        return _replayed_stream(answer)
+                        return PersistedTurnStream(
+                            request,
+                            str(body.get("model")),
+                            lambda on_text: control.persisted_chat(
+                                principal, body, options, on_text=on_text
+                            ),
+                        )
+                    answer = await control.persisted_chat(principal, body, options)
                     return Response(encode(answer), 200, media_type="application/json")
                 body.pop("werk", None)  # Werk's own member: never relayed
             elif route == "embeddings":
@@ -170,31 +177,6 @@ def _completion_route(
             return error_response(request, exc)
 
     return run
-
-
-def _replayed_stream(answer: dict[str, Any]) -> Response:
-    """A persisted turn's answer as OpenAI's chunk stream: the role, the whole text in one
-    chunk (the decode is not incremental), the finish reason with the usage, ``[DONE]``."""
-    (choice,) = answer["choices"]
-    base = {k: answer[k] for k in ("id", "created", "model", "system_fingerprint")}
-    base["object"] = "chat.completion.chunk"
-    chunks = [
-        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-        {**base, "choices": [{"index": 0, "delta": {"content": choice["message"]["content"]}}]},
-        {
-            **base,
-            "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
-            "usage": answer["usage"],
-            "werk": answer["werk"],
-        },
-    ]
-    body = b"".join(b"data: " + encode(chunk) + b"\n\n" for chunk in chunks)
-    return Response(
-        body + b"data: [DONE]\n\n",
-        200,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache"},
-    )
 
 
 def _require_messages(body: dict[str, Any]) -> None:

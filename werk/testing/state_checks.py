@@ -145,11 +145,38 @@ class StateChecks:
             self.report.add("handoff single use", True)
         except Exception as exc:
             self.fail("handoff single use", exc)
+        await self._streamed_decode(reference.text)
         if state is not None:
             await self._restore(reference.text)
             await self._prefix_continuation()
         await self._corrupted_restore()
         return out
+
+    async def _streamed_decode(self, reference: str) -> None:
+        """The same greedy decode with ``DecodeCall.on_text`` (a streamed persisted chat):
+        the pieces the backend hands over add up to the start of its text (the host sends the
+        rest), and the text is the unstreamed one."""
+        name = "streamed decode"
+        pieces: list[str] = []
+
+        async def on_text(piece: str) -> None:
+            pieces.append(piece)
+
+        try:
+            first = await self.prefill(PROMPT, Retention.EPHEMERAL)
+            request = DecodeRequest(
+                handoff=first.handoff.token, max_tokens=MAX_TOKENS, temperature=0.0
+            )
+            turn = await self.service.flow.decode_turn(PRINCIPAL, request, on_text=on_text)
+        except Exception as exc:
+            self.fail(name, exc)
+            return
+        text = turn.response.text
+        ok = "".join(pieces) == text == reference
+        detail = f"{len(pieces)} piece(s)"
+        if not ok:
+            detail += f": {''.join(pieces)!r} streamed, {text!r} returned, {reference!r} unstreamed"
+        self.report.add(name, ok, detail)
 
     async def _restore(self, reference: str) -> None:
         try:

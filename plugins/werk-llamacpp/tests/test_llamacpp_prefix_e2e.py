@@ -250,6 +250,9 @@ def test_a_v1_chat_with_werk_persist_continues_each_turn_and_keeps_one_state(hom
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])
         assert last["choices"][0]["finish_reason"] in ("stop", "length")
+        # the reply streamed as llama-server generated it: a piece per chunk, not in one
+        pieces = [json.loads(e)["choices"][0]["delta"].get("content") for e in events[1:-2]]
+        assert all(pieces) and len(pieces) >= min(2, last["usage"]["completion_tokens"])
         assert last["werk"]["reuse"]["match"] == "prefix"
         assert last["werk"]["reuse"]["state_id"] == state["state_id"]
         assert last["werk"]["reuse"]["restored_tokens"] is None
@@ -309,6 +312,25 @@ def test_a_turn_whose_live_state_is_gone_continues_the_disk_copy(home: Path) -> 
             two["usage"]["prompt_tokens"] - one["werk"]["state_tokens"]
         )
         assert two["werk"]["superseded"] == [one["werk"]["state_id"]]
+
+
+def test_a_client_that_leaves_a_streamed_persisted_turn_ends_it(home: Path) -> None:
+    """The client reads the first piece of a long reply and closes the stream: the turn is
+    cancelled (its decode stops, nothing of it is kept) and the next turn is served at once."""
+    with _serve(home) as server, server.client(KEY_A) as client:
+        one = _chat(client, TURN_1, werk=PERSIST).json()
+        turn_2 = _turn_2(one["choices"][0]["message"]["content"])
+        body = {"model": "demo", "messages": turn_2, "max_tokens": 2000, "temperature": 0}
+        body["stream"] = True
+        with client.stream(
+            "POST", "/v1/chat/completions", json={**body, "werk": PERSIST}, timeout=300
+        ) as streamed:
+            lines = streamed.iter_lines()
+            assert next(line for line in lines if '"content":"' in line and '"role"' not in line)
+        assert _states(client) == [one["werk"]["state_id"]]  # the left turn kept nothing
+        again = _chat(client, turn_2, werk=PERSIST)
+        assert again.status_code == 200, again.text
+        assert again.json()["werk"]["reuse"]["state_id"] == one["werk"]["state_id"]
 
 
 def test_werk_chat_server_session_continues_its_state_on_the_server(

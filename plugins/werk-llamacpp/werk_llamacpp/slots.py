@@ -31,7 +31,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,12 +41,14 @@ import msgspec
 from werk import (
     BackendError,
     ChatMessage,
+    EventTooLarge,
     InsufficientStorage,
     InvalidRequest,
     LoopbackError,
     LoopbackTimeout,
     NotSent,
     ResponseTooLarge,
+    SSEDecoder,
     Unavailable,
     storage_refusal,
 )
@@ -176,6 +178,60 @@ async def llama_json(
         return msgspec.json.decode(raw)
     except msgspec.DecodeError:
         raise BackendError(f"llama-server's answer to {what} is not JSON") from None
+
+
+async def _open_stream(handle: LlamaHandle, path: str, payload: bytes) -> Any:
+    try:
+        return await handle.http.request("POST", path, body=payload)
+    except NotSent:
+        log.debug("llama-server dropped a connection before a streamed request; retrying once")
+        return await handle.http.request("POST", path, body=payload, fresh=True)
+
+
+async def _streamed_completion(
+    handle: LlamaHandle,
+    body: dict[str, Any],
+    on_text: Callable[[str], Awaitable[None]],
+    timeout: float,
+) -> Any:
+    """``/completion`` with ``stream: true``: ``on_text`` is awaited with each piece of the
+    content as it arrives; the answer is the final event (which carries everything a
+    non-streamed answer does but the content) with the pieces joined as its ``content``.
+    Errors as :func:`llama_json`'s; an exception of ``on_text`` closes the stream (the server
+    then stops generating) and propagates."""
+    payload = msgspec.json.encode({**body, "stream": True})
+    pieces: list[str] = []
+    try:
+        with anyio.fail_after(timeout):
+            async with await _open_stream(handle, "/completion", payload) as response:
+                if response.status >= 400:
+                    error_type, message = _error_fields(await response.read(ANSWER_LIMIT_BYTES))
+                    log.warning(
+                        "llama-server refused completion: HTTP %s %s", response.status, message
+                    )
+                    raise LlamaRefused("completion", response.status, error_type, message)
+                decoder = SSEDecoder(max_event_bytes=ANSWER_LIMIT_BYTES)
+                async for chunk in response:
+                    for data in decoder.feed(chunk):
+                        event = msgspec.json.decode(data)
+                        if not isinstance(event, dict) or "error" in event:
+                            raise BackendError("llama-server failed while streaming a completion")
+                        if event.get("stop") is True:
+                            event["content"] = "".join(pieces)
+                            return event
+                        piece = event.get("content")
+                        if isinstance(piece, str) and piece:
+                            pieces.append(piece)
+                            await on_text(piece)
+    except (TimeoutError, LoopbackTimeout):
+        raise BackendError("llama-server did not finish completion in time") from None
+    except msgspec.DecodeError:
+        raise BackendError("llama-server's streamed completion is not JSON") from None
+    except EventTooLarge:
+        raise BackendError("llama-server's streamed completion has an oversized event") from None
+    except LoopbackError:
+        raise Unavailable("llama-server is not answering (completion)", retryable=True) from None
+    raise BackendError("llama-server ended its completion stream before the final event")
 
 
 _Ack = TypeVar("_Ack", bound=msgspec.Struct)
@@ -442,6 +498,7 @@ async def complete_in_slot(
     seed: int | None = None,
     stop: Sequence[str] = (),
     n_probs: int = 0,
+    on_text: Callable[[str], Awaitable[None]] | None = None,
 ) -> Completion:
     """Evaluate ``tokens`` in ``slot`` (reusing its cached prefix) and generate ``n_predict``.
 
@@ -449,7 +506,8 @@ async def complete_in_slot(
     samples one token (``tokens_predicted: 1``) and stops without evaluating that token, so the
     slot then holds exactly the prompt. ``temperature <= 0`` is greedy decoding. ``n_probs > 0``
     asks for each generated token's ``n_probs`` most likely candidates and their
-    log-probabilities (``Completion.completion_probabilities``).
+    log-probabilities (``Completion.completion_probabilities``). With ``on_text`` the completion
+    is streamed: ``on_text`` is awaited with each piece of the content as it is generated.
 
     :raises werk.InvalidRequest: the prompt exceeds the slot's context.
     :raises werk.BackendError: refused, malformed, or answered from another slot.
@@ -470,9 +528,12 @@ async def complete_in_slot(
     if n_probs > 0:
         body["n_probs"] = n_probs
     try:
-        data = await llama_json(
-            handle, "POST", "/completion", "completion", body=body, timeout=INFERENCE_TIMEOUT
-        )
+        if on_text is None:
+            data = await llama_json(
+                handle, "POST", "/completion", "completion", body=body, timeout=INFERENCE_TIMEOUT
+            )
+        else:
+            data = await _streamed_completion(handle, body, on_text, INFERENCE_TIMEOUT)
     except LlamaRefused as exc:
         raise _inference_error(exc) from None
     answer = _ack(Completion, data, "completion")

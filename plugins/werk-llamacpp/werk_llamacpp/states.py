@@ -46,7 +46,8 @@ back to the server's bytes, restores it into an idle state slot and requires the
 ``n_restored``/``n_read`` to equal the recorded ``n_saved``/``n_written``. Any failure erases that
 slot before anyone else can use it.
 
-**Decode** resends the state's prompt tokens to its slot with the sampling parameters and requires
+**Decode** (streamed to ``DecodeCall.on_text`` when the host asks) resends the state's prompt
+tokens to its slot with the sampling parameters and requires
 ``timings.cache_n >= tokens - 1``: the prefix came from the slot. Otherwise the server has just
 recomputed the prompt, and decode fails (``backend_error``) instead of returning that text. With
 ``DecodeCall.continues`` the slot (prompt and reply) stays held for the prefill that keeps the
@@ -473,6 +474,7 @@ async def decode(runtime: Runtime, call: DecodeCall) -> DecodeOutcome:
                     temperature=call.temperature,
                     seed=seed,
                     stop=call.stop,
+                    on_text=call.on_text,
                 )
             except BaseException as exc:
                 await _discard(handle, live.slot, exc)
