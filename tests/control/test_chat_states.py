@@ -22,6 +22,7 @@ from werk.protocol import (
     DecodeResponse,
     DecodeUsage,
     FinishReason,
+    InvalidRequest,
     NotFound,
     PrefillUsage,
     Retention,
@@ -132,9 +133,9 @@ def _service(proven: bool, catalog: FakeCatalog) -> Any:
     )
 
 
-def _turn(flow: FakeFlow, *, proven: bool, catalog: FakeCatalog) -> dict[str, Any]:
+def _turn(flow: FakeFlow, *, proven: bool, catalog: FakeCatalog, **extra: Any) -> dict[str, Any]:
     chats = PersistedChats(_service(proven, catalog), flow)  # type: ignore[arg-type]
-    body = {"model": "demo", "messages": MESSAGES, "werk": {"persist": True}}
+    body = {"model": "demo", "messages": MESSAGES, "werk": {"persist": True}, **extra}
 
     async def run() -> dict[str, Any]:
         return await chats.complete(PRINCIPAL, body, OPTIONS)
@@ -228,3 +229,30 @@ def test_a_state_of_another_conversation_sharing_its_start_is_continued_but_not_
     assert werk["state_id"] == "s_reply"
     assert werk["superseded"] == []
     assert catalog.states == {"s_prev": "chat"}  # still the other conversation's
+
+
+def test_fields_client_libraries_send_are_accepted_where_they_ask_for_nothing_more() -> None:
+    flow = FakeFlow(kept_state=None, reuse=PREFIX, reply="an answer", keeps=True)
+    extra = {"n": 1, "stream_options": {"include_usage": True}, "user": "alice"}
+    werk = _turn(flow, proven=True, catalog=FakeCatalog({"s_prev": "chat"}), **extra)
+    assert werk["state_id"] == "s_reply"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n", 2),
+        ("n", True),
+        ("stream_options", {"include_usage": True, "continuous_usage_stats": True}),
+        ("stream_options", {"include_usage": "yes"}),
+        ("stream_options", ["include_usage"]),
+        ("user", 7),
+        ("top_p", 0.9),
+    ],
+)
+def test_a_field_or_value_a_turn_cannot_honour_is_refused_naming_it(field: str, value: Any) -> None:
+    flow = FakeFlow(kept_state=None, reuse=PREFIX, reply="an answer", keeps=True)
+    with pytest.raises(InvalidRequest) as refused:
+        _turn(flow, proven=True, catalog=FakeCatalog({"s_prev": "chat"}), **{field: value})
+    assert refused.value.param == field
+    assert flow.prefilled is None  # before any backend work

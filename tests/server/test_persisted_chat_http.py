@@ -49,13 +49,17 @@ def test_a_streamed_persisted_turn_sends_the_reply_then_the_kept_state(
     local_server: WerkServer,
 ) -> None:
     """testkv does not stream its decode: the reply comes as one piece, the same text as the
-    unstreamed turn; the last chunk has the finish reason, usage and the ``werk`` member."""
+    unstreamed turn; the last chunk has the finish reason, usage and the ``werk`` member. (The
+    OpenAI SDK's ``stream_options`` and ``n: 1`` are accepted.)"""
     werk = {"persist": True, "allow_experimental": True}
     body = {"model": "kv", "messages": MESSAGES, "max_tokens": 6, "werk": werk}
     with local_server.client() as http:
         whole = http.post("/v1/chat/completions", json=body)
         assert whole.status_code == 200, whole.text
-        streamed = http.post("/v1/chat/completions", json={**body, "stream": True})
+        streamed = http.post(
+            "/v1/chat/completions",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}, "n": 1},
+        )
     assert streamed.status_code == 200, streamed.text
     assert streamed.headers["content-type"].startswith("text/event-stream")
     chunks = _events(streamed)

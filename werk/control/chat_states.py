@@ -33,8 +33,9 @@ it (``on_text``, ``DecodeCall.on_text``). The answer is OpenAI's ``chat.completi
 ``superseded`` (the ids of earlier turns' states deleted). Only the fields a prefill and a
 decode can honour are accepted: ``model``, ``messages`` (``system``/``user``/``assistant``/
 ``tool`` with text content), ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
-``seed``, ``stop``, ``stream`` and ``werk``; any other field is refused (``400``, naming it)
-rather than silently ignored.
+``seed``, ``stop``, ``stream`` and ``werk`` — and, as client libraries send them, ``n`` (1 only),
+``stream_options`` (``include_usage`` only) and ``user`` (a string, not used); any other field
+or value is refused (``400``, naming it) rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ ACCEPTED_FIELDS = frozenset(
         "seed",
         "stop",
         "stream",
+        "stream_options",
+        "n",
+        "user",
         "werk",
     }
 )
@@ -112,6 +116,26 @@ def _messages(body: dict[str, Any]) -> list[ChatMessage]:
         raise InvalidRequest(
             f"with werk.persist, messages must be text messages: {exc}", param="messages"
         ) from None
+
+
+def _check_harmless(body: dict[str, Any]) -> None:
+    """OpenAI fields a client library may send as a matter of course, accepted where they ask
+    for nothing a turn does not do anyway: ``n`` 1, ``stream_options.include_usage`` (the last
+    chunk always carries ``usage``), ``user`` (a string, not used)."""
+    if "n" in body and (body["n"] != 1 or isinstance(body["n"], bool)):
+        raise InvalidRequest("with werk.persist, 'n' must be 1 (one reply per turn)", param="n")
+    options = body.get("stream_options", {})
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or not all(
+        key == "include_usage" and isinstance(value, bool) for key, value in options.items()
+    ):
+        raise InvalidRequest(
+            "with werk.persist, 'stream_options' may only carry include_usage (true or false)",
+            param="stream_options",
+        )
+    if "user" in body and not isinstance(body["user"], str):
+        raise InvalidRequest("'user' must be a string", param="user")
 
 
 def _decode_request(body: dict[str, Any], handoff: str) -> DecodeRequest:
@@ -155,6 +179,7 @@ class PersistedChats:
                 f"{', '.join(sorted(ACCEPTED_FIELDS))})",
                 param=unknown[0],
             )
+        _check_harmless(body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' is required and must be a string", param="model")
