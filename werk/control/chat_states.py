@@ -124,11 +124,10 @@ def _check_harmless(body: dict[str, Any]) -> None:
     chunk always carries ``usage``), ``user`` (a string, not used)."""
     if "n" in body and (body["n"] != 1 or isinstance(body["n"], bool)):
         raise InvalidRequest("with werk.persist, 'n' must be 1 (one reply per turn)", param="n")
-    options = body.get("stream_options", {})
-    if options is None:
-        options = {}
-    if not isinstance(options, dict) or not all(
-        key == "include_usage" and isinstance(value, bool) for key, value in options.items()
+    options = body.get("stream_options")
+    if options is not None and (
+        not isinstance(options, dict)
+        or not all(key == "include_usage" and isinstance(v, bool) for key, v in options.items())
     ):
         raise InvalidRequest(
             "with werk.persist, 'stream_options' may only carry include_usage (true or false)",

@@ -5,8 +5,8 @@ state the backend still holds (on llama.cpp: the slot the reply was decoded in;
 :meth:`~werk.control.prefill.PrefillFlow.keep_continuation`). The conversation's next turn
 continues that disk state. While the same process generation still holds the live state,
 restoring the disk copy — reading and verifying the payload, copying it, loading it into the
-backend — rebuilds what is already there, and for a large model's state it costs more than
-evaluating the new message. :class:`LiveKept` remembers, per state kept that way, the live
+backend — rebuilds what is already there, at a cost that grows with the state's size.
+:class:`LiveKept` remembers, per state kept that way, the live
 state it was written from; the prefix lookup (:class:`~werk.control.reuse.ReuseLookup`) offers
 it to the backend instead of the disk copy, with ``reuse: required``: the backend continues it
 where it still holds it, and refuses with ``reuse_unavailable`` where it does not (its slot went

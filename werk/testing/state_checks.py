@@ -153,9 +153,9 @@ class StateChecks:
         return out
 
     async def _streamed_decode(self, reference: str) -> None:
-        """The same greedy decode with ``DecodeCall.on_text`` (a streamed persisted chat):
-        the pieces the backend hands over add up to the start of its text (the host sends the
-        rest), and the text is the unstreamed one."""
+        """The same greedy decode with ``DecodeCall.on_text`` (a streamed persisted chat)
+        answers without error — the host fails a decode whose pieces are not the start of its
+        text — with the unstreamed text, and what reached the client adds up to it."""
         name = "streamed decode"
         pieces: list[str] = []
 

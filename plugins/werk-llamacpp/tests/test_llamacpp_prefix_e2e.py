@@ -316,7 +316,7 @@ def test_a_turn_whose_live_state_is_gone_continues_the_disk_copy(home: Path) -> 
 
 def test_a_client_that_leaves_a_streamed_persisted_turn_ends_it(home: Path) -> None:
     """The client reads the first piece of a long reply and closes the stream: the turn is
-    cancelled (its decode stops, nothing of it is kept) and the next turn is served at once."""
+    cancelled — nothing of it is kept — and the next turn of the conversation is served."""
     with _serve(home) as server, server.client(KEY_A) as client:
         one = _chat(client, TURN_1, werk=PERSIST).json()
         turn_2 = _turn_2(one["choices"][0]["message"]["content"])

@@ -26,12 +26,13 @@ A save does not fsync; :func:`save_slot` leaves that to the caller, who owns the
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +46,7 @@ from werk import (
     InsufficientStorage,
     InvalidRequest,
     LoopbackError,
+    LoopbackResponse,
     LoopbackTimeout,
     NotSent,
     ResponseTooLarge,
@@ -128,11 +130,39 @@ def _error_fields(raw: bytes) -> tuple[str, str]:
     )
 
 
-async def _exchange(
-    handle: LlamaHandle, method: str, path: str, body: bytes, *, fresh: bool
-) -> tuple[int, bytes]:
-    async with await handle.http.request(method, path, body=body, fresh=fresh) as response:
-        return response.status, await response.read(ANSWER_LIMIT_BYTES)
+async def _send(
+    handle: LlamaHandle, method: str, path: str, payload: bytes, what: str
+) -> LoopbackResponse:
+    """The child's response to one request, through the host's loopback client
+    (``handle.http``). A request that fails *before any response byte* (this llama-server
+    sometimes closes a pooled keep-alive connection right after a streamed response) is retried
+    once, on a new connection: nothing was received, so the server did not answer it twice."""
+    try:
+        return await handle.http.request(method, path, body=payload)
+    except NotSent:
+        log.debug("llama-server dropped a connection before %s; retrying once", what)
+        return await handle.http.request(method, path, body=payload, fresh=True)
+
+
+@contextlib.contextmanager
+def _exchange_errors(what: str, timeout: float) -> Iterator[None]:
+    """Bound an exchange with the child by ``timeout`` (both tries) and turn the loopback's
+    failures into Werk errors naming ``what``."""
+    try:
+        with anyio.fail_after(timeout):
+            yield
+    except (TimeoutError, LoopbackTimeout):
+        raise BackendError(f"llama-server did not finish {what} in time") from None
+    except ResponseTooLarge:
+        raise BackendError(f"llama-server's answer to {what} is too large") from None
+    except LoopbackError:
+        raise Unavailable(f"llama-server is not answering ({what})", retryable=True) from None
+
+
+def _refused(what: str, status: int, raw: bytes) -> LlamaRefused:
+    error_type, message = _error_fields(raw)
+    log.warning("llama-server refused %s: HTTP %s %s", what, status, message)
+    return LlamaRefused(what, status, error_type, message)
 
 
 async def llama_json(
@@ -144,12 +174,8 @@ async def llama_json(
     body: dict[str, Any] | None = None,
     timeout: float = SLOT_IO_TIMEOUT,
 ) -> Any:
-    """Send one JSON request to the child and return the decoded JSON answer.
-
-    Through the host's loopback client (``handle.http``). A request that fails *before any
-    response byte* (this llama-server sometimes closes a pooled keep-alive connection right
-    after a streamed response) is retried once, on a new connection: nothing was received, so
-    the server did not answer it twice. ``timeout`` bounds the whole exchange, both tries.
+    """Send one JSON request to the child and return the decoded JSON answer (retried once
+    where nothing of a response arrived, :func:`_send`; ``timeout`` bounds both tries).
 
     :param what: a few words for errors (``"slot save"``).
     :raises LlamaRefused: the server answered with an HTTP error status.
@@ -157,35 +183,15 @@ async def llama_json(
     :raises werk.BackendError: no answer in time, or the answer is not JSON.
     """
     payload = b"" if body is None else msgspec.json.encode(body)
-    try:
-        with anyio.fail_after(timeout):
-            try:
-                status, raw = await _exchange(handle, method, path, payload, fresh=False)
-            except NotSent:
-                log.debug("llama-server dropped a connection before %s; retrying once", what)
-                status, raw = await _exchange(handle, method, path, payload, fresh=True)
-    except (TimeoutError, LoopbackTimeout):
-        raise BackendError(f"llama-server did not finish {what} in time") from None
-    except ResponseTooLarge:
-        raise BackendError(f"llama-server's answer to {what} is too large") from None
-    except LoopbackError:
-        raise Unavailable(f"llama-server is not answering ({what})", retryable=True) from None
+    with _exchange_errors(what, timeout):
+        async with await _send(handle, method, path, payload, what) as response:
+            status, raw = response.status, await response.read(ANSWER_LIMIT_BYTES)
     if status >= 400:
-        error_type, message = _error_fields(raw)
-        log.warning("llama-server refused %s: HTTP %s %s", what, status, message)
-        raise LlamaRefused(what, status, error_type, message)
+        raise _refused(what, status, raw)
     try:
         return msgspec.json.decode(raw)
     except msgspec.DecodeError:
         raise BackendError(f"llama-server's answer to {what} is not JSON") from None
-
-
-async def _open_stream(handle: LlamaHandle, path: str, payload: bytes) -> Any:
-    try:
-        return await handle.http.request("POST", path, body=payload)
-    except NotSent:
-        log.debug("llama-server dropped a connection before a streamed request; retrying once")
-        return await handle.http.request("POST", path, body=payload, fresh=True)
 
 
 async def _streamed_completion(
@@ -202,16 +208,14 @@ async def _streamed_completion(
     payload = msgspec.json.encode({**body, "stream": True})
     pieces: list[str] = []
     try:
-        with anyio.fail_after(timeout):
-            async with await _open_stream(handle, "/completion", payload) as response:
-                if response.status >= 400:
-                    error_type, message = _error_fields(await response.read(ANSWER_LIMIT_BYTES))
-                    log.warning(
-                        "llama-server refused completion: HTTP %s %s", response.status, message
+        with _exchange_errors("completion", timeout):
+            async with await _send(handle, "POST", "/completion", payload, "completion") as answer:
+                if answer.status >= 400:
+                    raise _refused(
+                        "completion", answer.status, await answer.read(ANSWER_LIMIT_BYTES)
                     )
-                    raise LlamaRefused("completion", response.status, error_type, message)
                 decoder = SSEDecoder(max_event_bytes=ANSWER_LIMIT_BYTES)
-                async for chunk in response:
+                async for chunk in answer:
                     for data in decoder.feed(chunk):
                         event = msgspec.json.decode(data)
                         if not isinstance(event, dict) or "error" in event:
@@ -223,14 +227,10 @@ async def _streamed_completion(
                         if isinstance(piece, str) and piece:
                             pieces.append(piece)
                             await on_text(piece)
-    except (TimeoutError, LoopbackTimeout):
-        raise BackendError("llama-server did not finish completion in time") from None
     except msgspec.DecodeError:
         raise BackendError("llama-server's streamed completion is not JSON") from None
     except EventTooLarge:
         raise BackendError("llama-server's streamed completion has an oversized event") from None
-    except LoopbackError:
-        raise Unavailable("llama-server is not answering (completion)", retryable=True) from None
     raise BackendError("llama-server ended its completion stream before the final event")
 
 
