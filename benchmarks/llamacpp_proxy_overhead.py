@@ -422,24 +422,37 @@ Side = tuple[str, dict[str, str], dict[str, Any]]
 
 
 def concurrent_rounds(
-    werk: Side, direct: Side, *, rounds: int, clients: int, per_client: int
+    werk: Side,
+    direct: Side,
+    *,
+    rounds: int,
+    clients: int,
+    per_client: int,
+    control: tuple[str, Side] | None = None,
 ) -> float:
-    """Interleaved concurrent rounds (alternating which side goes first); prints each side's
-    median req/s and returns the ratio Werk/direct."""
+    """Interleaved concurrent rounds (the order rotating from round to round); prints each
+    side's median req/s and returns the ratio Werk/direct. ``control``: a third side (its name
+    and target) measured in the same rotation, its ratio to direct printed too."""
     print(
         f"concurrent: {clients} clients x {per_client} short chats, "
         f"{rounds} rounds per side (interleaved)"
     )
-    through: list[float] = []
-    straight: list[float] = []
+    sides: list[tuple[str, Side]] = [("werk  ", werk), ("direct", direct)]
+    if control is not None:
+        sides.append(control)
+    rates: dict[str, list[float]] = {name: [] for name, _ in sides}
     for round_ in range(rounds):
-        sides = [(through, werk), (straight, direct)]
-        for results, (url, auth, body) in sides if round_ % 2 == 0 else sides[::-1]:
-            results.append(concurrent(url, auth, clients, per_client, body))
-    for name, rates in (("werk  ", through), ("direct", straight)):
-        shown = " ".join(f"{r:.0f}" for r in rates)
-        print(f"  {name} {statistics.median(rates):8.1f} req/s median ({shown})")
-    ratio = statistics.median(through) / statistics.median(straight)
+        shift = round_ % len(sides)
+        for name, (url, auth, body) in sides[shift:] + sides[:shift]:
+            rates[name].append(concurrent(url, auth, clients, per_client, body))
+    for name, values in rates.items():
+        shown = " ".join(f"{r:.0f}" for r in values)
+        print(f"  {name} {statistics.median(values):8.1f} req/s median ({shown})")
+    straight = statistics.median(rates["direct"])
+    if control is not None:
+        ratio = statistics.median(rates[control[0]]) / straight
+        print(f"  {control[0].strip()} / direct {ratio:.3f}")
+    ratio = statistics.median(rates["werk  "]) / straight
     print(f"  throughput ratio werk/direct {ratio:.3f}")
     return ratio
 

@@ -8,7 +8,9 @@ script as a separately operated endpoint would be; ``werk serve`` serves it as a
 ways, measured as ``benchmarks/llamacpp_proxy_overhead.py`` does (its helpers are used):
 interleaved sequential non-streamed requests (added p50), streamed requests (added p50 to the
 first content byte), and ``--clients`` concurrent clients (median req/s ratio Werk/direct), then
-the goal table.
+the goal table. The concurrent rounds also measure a byte-for-byte TCP relay in front of the
+same server (``benchmarks/byte_relay.py``, no HTTP parsed; ``--no-control`` leaves it out): its
+ratio to direct is the spread of that comparison on this machine in this run.
 
 Run: ``.venv/bin/python benchmarks/vllm_relay_overhead.py [--rounds 200] [--clients 8]``
 (``WERK_BACKENDS_DIR`` or ``--backends`` names where vLLM's environment is; ``make vllm-env``
@@ -18,12 +20,15 @@ builds it under ``~/.cache/werk/backends``). Figures are printed, never asserted
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -32,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llamacpp_proxy_overhead import (
     CHAT,
     WERK,
+    Side,
     concurrent_rounds,
     free_port,
     sequential,
@@ -85,6 +91,32 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+@contextlib.contextmanager
+def byte_relay(upstream: int, *, enabled: bool) -> Iterator[str | None]:
+    """The byte-for-byte control relay in front of ``upstream`` while the block runs (its base
+    URL), or ``None`` when not ``enabled``."""
+    if not enabled:
+        yield None
+        return
+    port = free_port()
+    script = Path(__file__).with_name("byte_relay.py")
+    process = subprocess.Popen([sys.executable, str(script), str(port), str(upstream)])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise SystemExit("the byte relay did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
@@ -96,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         "--backends",
         default=os.environ.get("WERK_BACKENDS_DIR", str(Path.home() / ".cache/werk/backends")),
         help="where `werk backends install vllm` put vLLM's environment",
+    )
+    parser.add_argument(
+        "--no-control", action="store_true", help="no byte-relay control in the concurrent rounds"
     )
     args = parser.parse_args(argv)
     python = Path(args.backends) / "vllm" / "venv" / "bin" / "python"
@@ -132,13 +167,18 @@ def main(argv: list[str] | None = None) -> int:
                     bodies = {"werk_body": werk_body, "direct_body": direct_body}
                     added, _ = sequential(werk, direct, args.rounds, args.warmup, pid, **bodies)
                     first = streamed(werk, direct, args.rounds, args.warmup, pid, **bodies)
-                ratio = concurrent_rounds(
-                    (served.url, {}, werk_body),
-                    (direct_url, {}, direct_body),
-                    rounds=args.concurrent_rounds,
-                    clients=args.clients,
-                    per_client=args.per_client,
-                )
+                with byte_relay(port, enabled=not args.no_control) as relay_url:
+                    control: tuple[str, Side] | None = None
+                    if relay_url is not None:
+                        control = ("relay ", (relay_url, {}, direct_body))
+                    ratio = concurrent_rounds(
+                        (served.url, {}, werk_body),
+                        (direct_url, {}, direct_body),
+                        rounds=args.concurrent_rounds,
+                        clients=args.clients,
+                        per_client=args.per_client,
+                        control=control,
+                    )
         finally:
             stop(vllm)
     print("goals (this run):")
