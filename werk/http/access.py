@@ -11,7 +11,7 @@ whole length), the client's address and the request id (``X-Werk-Request-Id``). 
 a header or a key. Routes record the model with :func:`note_model`.
 
 Each line is one write to stderr, not a :mod:`logging` record: the record, its formatter and
-its handler's lock were a tenth of ``werk serve``'s CPU time for a short relayed chat
+its handler's lock were about a tenth of ``werk serve``'s CPU time for a short relayed chat
 (``py-spy record --gil``, against an upstream that answers at once).
 """
 

@@ -75,7 +75,7 @@ class ClosingStreamingResponse(StreamingResponse):
     the first byte: 0.16 instead of 0.08 ms from the route's response to the first send, timed
     in an instrumented server). A client that leaves cancels the relay; a relay that fails
     cancels the watcher. Plain asyncio tasks, not an anyio task group: the group's cancel
-    scopes were a tenth of ``werk serve``'s CPU time for a short streamed chat
+    scopes were about a tenth of ``werk serve``'s CPU time for a short streamed chat
     (``py-spy record --gil``, against an upstream that answers at once)."""
 
     def __init__(self, source: AsyncIterator[bytes], request_id: str) -> None:
