@@ -24,6 +24,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_llamacpp_process_support import (
     LLAMA_SERVER,
     create_demo,
@@ -45,6 +47,7 @@ from werk_llamacpp.process import (
     stop_runtime,
 )
 from werk_llamacpp.proxy import openai_reply
+from werk_llamacpp.slot_picker import _common_prefix
 from werk_llamacpp.slots import llama_json
 
 from werk import (
@@ -404,6 +407,14 @@ def test_slot_picker_prefers_prefix_then_lru_then_least_busy() -> None:
     assert picker.in_flight() == 0
     picker.release(a)  # releasing too often never goes negative
     assert picker.in_flight() == 0
+
+
+@given(st.text(alphabet="ab", max_size=40), st.text(alphabet="ab", max_size=40))
+def test_the_common_prefix_is_the_longest_shared_start(a: str, b: str) -> None:
+    differ = (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    expected = next(differ, min(len(a), len(b)))
+    assert _common_prefix(a, b) == expected
+    assert _common_prefix(a, a + b) == len(a)  # the next turn extends the last prompt
 
 
 # -- against the real llama-server ---------------------------------------------------------------

@@ -17,6 +17,8 @@ SIMILARITY = 0.1
 
 def _common_prefix(a: str, b: str) -> int:
     lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:  # the same prompt, or one that extends the other (the next turn)
+        return hi
     while lo < hi:  # binary search on slice equality (C-speed comparisons)
         mid = (lo + hi + 1) // 2
         if a[:mid] == b[:mid]:
