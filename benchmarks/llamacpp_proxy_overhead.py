@@ -16,6 +16,8 @@ API key) and sends the *same* short chat body both ways:
 Direct requests carry no ``id_slot`` (llama-server picks among all its slots); Werk pins each
 request to one of the general slots (the state slot is never used for ``/v1``).
 
+Then the goal table: added p50 ≤ 0.6 ms and Werk/direct req/s ≥ 0.95, each met or not.
+
 Run: ``.venv/bin/python benchmarks/llamacpp_proxy_overhead.py [--rounds 200] [--clients 8]``.
 Figures are printed, never asserted. Helpers here are shared by the other llama.cpp benchmarks.
 """
@@ -405,16 +407,36 @@ def main(argv: list[str] | None = None) -> int:
                     shown = ["<api-key>" if a == child.key else a for a in child.args[1:]]
                     print(f"llama-server pid {child.pid}: {' '.join(shown)}")
                     pid = served.process.pid
-                    sequential(werk, direct, args.rounds, args.warmup, pid)
+                    added, _ = sequential(werk, direct, args.rounds, args.warmup, pid)
                     streamed(werk, direct, args.rounds, args.warmup, pid)
-            concurrent_rounds(
+            ratio = concurrent_rounds(
                 (served.url, {}, CHAT),
                 (child.url, headers, CHAT),
                 rounds=args.concurrent_rounds,
                 clients=args.clients,
                 per_client=args.per_client,
             )
+    print_goals(GOALS, (added, ratio))
     return 0
+
+
+Goal = tuple[str, str, float, str]
+"""(what, unit, goal, ``"<="`` or ``">="``) of one line of a benchmark's goal table."""
+
+GOALS: tuple[Goal, ...] = (
+    ("llama.cpp relay: added p50, short non-streamed chat", "ms", 0.6, "<="),
+    ("llama.cpp relay: 8 clients req/s / direct", "", 0.95, ">="),
+)
+
+
+def print_goals(goals: Sequence[Goal], values: Sequence[float]) -> None:
+    """Print each goal with this run's value and whether the run met it."""
+    print("goals (this run):")
+    for (name, unit, goal, way), value in zip(goals, values, strict=True):
+        met = value <= goal if way == "<=" else value >= goal
+        shown = f"{value:+.3f} {unit}" if unit else f"{value:.3f}"
+        bound = f"{goal} {unit}" if unit else f"{goal}"
+        print(f"  {name}: {shown} (goal {way} {bound}) {'met' if met else 'NOT met'}")
 
 
 Side = tuple[str, dict[str, str], dict[str, Any]]

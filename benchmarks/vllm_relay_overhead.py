@@ -37,9 +37,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llamacpp_proxy_overhead import (
     CHAT,
     WERK,
+    Goal,
     Side,
     concurrent_rounds,
     free_port,
+    print_goals,
     sequential,
     streamed,
     werk_env,
@@ -47,7 +49,7 @@ from llamacpp_proxy_overhead import (
 )
 
 WERK_ID, UPSTREAM_ID = "far-vllm", "upstream-tiny"
-GOALS = (
+GOALS: tuple[Goal, ...] = (
     ("vLLM relay: added p50, short non-streamed chat", "ms", 1.0, "<="),
     ("vLLM relay: added time to first streamed byte", "ms", 1.0, "<="),
     ("vLLM relay: 8 clients req/s / direct", "", 0.95, ">="),
@@ -181,12 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             stop(vllm)
-    print("goals (this run):")
-    for (name, unit, goal, way), value in zip(GOALS, (added, first, ratio), strict=True):
-        met = value <= goal if way == "<=" else value >= goal
-        shown = f"{value:+.3f} {unit}" if unit else f"{value:.3f}"
-        print(f"  {name}: {shown} (goal {way} {goal}{' ' + unit if unit else ''}) "
-              f"{'met' if met else 'NOT met'}")  # fmt: skip
+    print_goals(GOALS, (added, first, ratio))
     return 0
 
 
