@@ -459,7 +459,7 @@ def concurrent_rounds(
         f"concurrent: {clients} clients x {per_client} short chats, "
         f"{rounds} rounds per side (interleaved)"
     )
-    sides: list[tuple[str, Side]] = [("werk  ", werk), ("direct", direct)]
+    sides: list[tuple[str, Side]] = [("werk", werk), ("direct", direct)]
     if control is not None:
         sides.append(control)
     rates: dict[str, list[float]] = {name: [] for name, _ in sides}
@@ -469,12 +469,12 @@ def concurrent_rounds(
             rates[name].append(concurrent(url, auth, clients, per_client, body))
     for name, values in rates.items():
         shown = " ".join(f"{r:.0f}" for r in values)
-        print(f"  {name} {statistics.median(values):8.1f} req/s median ({shown})")
+        print(f"  {name:6} {statistics.median(values):8.1f} req/s median ({shown})")
     straight = statistics.median(rates["direct"])
     if control is not None:
         ratio = statistics.median(rates[control[0]]) / straight
-        print(f"  {control[0].strip()} / direct {ratio:.3f}")
-    ratio = statistics.median(rates["werk  "]) / straight
+        print(f"  {control[0]} / direct {ratio:.3f}")
+    ratio = statistics.median(rates["werk"]) / straight
     print(f"  throughput ratio werk/direct {ratio:.3f}")
     return ratio
 

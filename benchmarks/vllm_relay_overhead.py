@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 with byte_relay(port, enabled=not args.no_control) as relay_url:
                     control: tuple[str, Side] | None = None
                     if relay_url is not None:
-                        control = ("relay ", (relay_url, {}, direct_body))
+                        control = ("relay", (relay_url, {}, direct_body))
                     ratio = concurrent_rounds(
                         (served.url, {}, werk_body),
                         (direct_url, {}, direct_body),

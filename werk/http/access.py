@@ -38,10 +38,9 @@ class _AccessLog:
     stamp = ""
 
 
-def configure_access_log(enabled: bool, stream: TextIO | None = None) -> None:
-    """Write one line per request to ``stream`` (stderr by default) when ``enabled``, or none
-    (``werk serve --quiet``)."""
-    _AccessLog.stream = (stream or sys.stderr) if enabled else None
+def configure_access_log(enabled: bool) -> None:
+    """Write one line per request to stderr (``enabled``) or none (``werk serve --quiet``)."""
+    _AccessLog.stream = sys.stderr if enabled else None
 
 
 def note_model(request: Request, model: object) -> None:
