@@ -11,7 +11,10 @@ API key) and sends the *same* short chat body both ways:
   the first SSE event that carries content (median, p90) and Werk's added median;
 * **concurrent**: ``--clients`` (8) threads, each with its own keep-alive client, sending
   ``--per-client`` requests; ``--concurrent-rounds`` (5) rounds per side, interleaved; the median
-  requests per second of each side and their ratio Werk/direct.
+  requests per second of each side and their ratio Werk/direct. Two control relays in front
+  of the same child run in the same rotation (``benchmarks/controls.py``; ``--no-control``
+  leaves them out): a byte-for-byte one (the comparison's own spread) and the least a Python
+  HTTP relay on Werk's stack does (what any such relay pays here).
 
 Direct requests carry no ``id_slot`` (llama-server picks among all its slots); Werk pins each
 request to one of the general slots (the state slot is never used for ``/v1``).
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from controls import control_relays
 
 from werk.supervise import stop_group
 
@@ -385,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         "req/s varies by a quarter on a busy 2-core machine; the medians are compared)",
     )
     parser.add_argument(
+        "--no-control",
+        action="store_true",
+        help="leave the control relays (benchmarks/controls.py) out of the concurrent rounds",
+    )
+    parser.add_argument(
         "--serve-arg",
         action="append",
         default=[],
@@ -409,13 +418,19 @@ def main(argv: list[str] | None = None) -> int:
                     pid = served.process.pid
                     added, _ = sequential(werk, direct, args.rounds, args.warmup, pid)
                     streamed(werk, direct, args.rounds, args.warmup, pid)
-            ratio = concurrent_rounds(
-                (served.url, {}, CHAT),
-                (child.url, headers, CHAT),
-                rounds=args.concurrent_rounds,
-                clients=args.clients,
-                per_client=args.per_client,
-            )
+            port = int(child.url.rsplit(":", 1)[1])
+            with control_relays(port, child.key, enabled=not args.no_control) as relays:
+                ratio = concurrent_rounds(
+                    (served.url, {}, CHAT),
+                    (child.url, headers, CHAT),
+                    rounds=args.concurrent_rounds,
+                    clients=args.clients,
+                    per_client=args.per_client,
+                    controls=[
+                        (name, (url, headers if name == "bytes" else {}, CHAT))
+                        for name, url in relays.items()
+                    ],
+                )
     print_goals(GOALS, (added, ratio))
     return 0
 
@@ -450,18 +465,17 @@ def concurrent_rounds(
     rounds: int,
     clients: int,
     per_client: int,
-    control: tuple[str, Side] | None = None,
+    controls: Sequence[tuple[str, Side]] = (),
 ) -> float:
     """Interleaved concurrent rounds (the order rotating from round to round); prints each
-    side's median req/s and returns the ratio Werk/direct. ``control``: a third side (its name
-    and target) measured in the same rotation, its ratio to direct printed too."""
+    side's median req/s and returns the ratio Werk/direct. ``controls``: more sides (name and
+    target; ``benchmarks/controls.py``) measured in the same rotation, each one's ratio to
+    direct printed too."""
     print(
         f"concurrent: {clients} clients x {per_client} short chats, "
         f"{rounds} rounds per side (interleaved)"
     )
-    sides: list[tuple[str, Side]] = [("werk", werk), ("direct", direct)]
-    if control is not None:
-        sides.append(control)
+    sides: list[tuple[str, Side]] = [("werk", werk), ("direct", direct), *controls]
     rates: dict[str, list[float]] = {name: [] for name, _ in sides}
     for round_ in range(rounds):
         shift = round_ % len(sides)
@@ -469,11 +483,10 @@ def concurrent_rounds(
             rates[name].append(concurrent(url, auth, clients, per_client, body))
     for name, values in rates.items():
         shown = " ".join(f"{r:.0f}" for r in values)
-        print(f"  {name:6} {statistics.median(values):8.1f} req/s median ({shown})")
+        print(f"  {name:7} {statistics.median(values):8.1f} req/s median ({shown})")
     straight = statistics.median(rates["direct"])
-    if control is not None:
-        ratio = statistics.median(rates[control[0]]) / straight
-        print(f"  {control[0]} / direct {ratio:.3f}")
+    for name, _ in controls:
+        print(f"  control {name} / direct {statistics.median(rates[name]) / straight:.3f}")
     ratio = statistics.median(rates["werk"]) / straight
     print(f"  throughput ratio werk/direct {ratio:.3f}")
     return ratio

@@ -8,9 +8,10 @@ script as a separately operated endpoint would be; ``werk serve`` serves it as a
 ways, measured as ``benchmarks/llamacpp_proxy_overhead.py`` does (its helpers are used):
 interleaved sequential non-streamed requests (added p50), streamed requests (added p50 to the
 first content byte), and ``--clients`` concurrent clients (median req/s ratio Werk/direct), then
-the goal table. The concurrent rounds also measure a byte-for-byte TCP relay in front of the
-same server (``benchmarks/byte_relay.py``, no HTTP parsed; ``--no-control`` leaves it out): its
-ratio to direct is the spread of that comparison on this machine in this run.
+the goal table. The concurrent rounds also measure two control relays in front of the same
+server (``benchmarks/controls.py``; ``--no-control`` leaves them out): a byte-for-byte one, whose
+ratio to direct is the spread of that comparison on this machine in this run, and the least a
+Python HTTP relay on Werk's stack does.
 
 Run: ``.venv/bin/python benchmarks/vllm_relay_overhead.py [--rounds 200] [--clients 8]``
 (``WERK_BACKENDS_DIR`` or ``--backends`` names where vLLM's environment is; ``make vllm-env``
@@ -20,25 +21,22 @@ builds it under ``~/.cache/werk/backends``). Figures are printed, never asserted
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from controls import control_relays
 from llamacpp_proxy_overhead import (
     CHAT,
     WERK,
     Goal,
-    Side,
     concurrent_rounds,
     free_port,
     print_goals,
@@ -93,32 +91,6 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-@contextlib.contextmanager
-def byte_relay(upstream: int, *, enabled: bool) -> Iterator[str | None]:
-    """The byte-for-byte control relay in front of ``upstream`` while the block runs (its base
-    URL), or ``None`` when not ``enabled``."""
-    if not enabled:
-        yield None
-        return
-    port = free_port()
-    script = Path(__file__).with_name("byte_relay.py")
-    process = subprocess.Popen([sys.executable, str(script), str(port), str(upstream)])
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise SystemExit("the byte relay did not start") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.kill()
-        process.wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
@@ -132,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         help="where `werk backends install vllm` put vLLM's environment",
     )
     parser.add_argument(
-        "--no-control", action="store_true", help="no byte-relay control in the concurrent rounds"
+        "--no-control", action="store_true", help="no control relays in the concurrent rounds"
     )
     args = parser.parse_args(argv)
     python = Path(args.backends) / "vllm" / "venv" / "bin" / "python"
@@ -169,17 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                     bodies = {"werk_body": werk_body, "direct_body": direct_body}
                     added, _ = sequential(werk, direct, args.rounds, args.warmup, pid, **bodies)
                     first = streamed(werk, direct, args.rounds, args.warmup, pid, **bodies)
-                with byte_relay(port, enabled=not args.no_control) as relay_url:
-                    control: tuple[str, Side] | None = None
-                    if relay_url is not None:
-                        control = ("relay", (relay_url, {}, direct_body))
+                with control_relays(port, enabled=not args.no_control) as relays:
                     ratio = concurrent_rounds(
                         (served.url, {}, werk_body),
                         (direct_url, {}, direct_body),
                         rounds=args.concurrent_rounds,
                         clients=args.clients,
                         per_client=args.per_client,
-                        control=control,
+                        controls=[(name, (url, {}, direct_body)) for name, url in relays.items()],
                     )
         finally:
             stop(vllm)

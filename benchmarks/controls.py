@@ -1,0 +1,63 @@
+"""Control relays for the relay benchmarks' concurrent rounds.
+
+Two relays in front of the same server as Werk, measured in the same rotation:
+
+* ``bytes`` (``benchmarks/byte_relay.py``): copies bytes, parses nothing. Its ratio to direct is
+  the spread of the comparison on this machine in this run.
+* ``minimal`` (``benchmarks/minimal_relay.py``): uvicorn + httptools + a bare ASGI app + the
+  pooled ``werk.LoopbackClient``, nothing else. Its ratio to direct is what a relay on Werk's
+  HTTP stack pays on this machine before doing any of Werk's work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from werk.supervise import free_port
+
+HERE = Path(__file__).parent
+
+
+@contextlib.contextmanager
+def _relay(script: str, upstream: int, *extra: str) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(HERE / script), str(port), str(upstream), *extra]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise SystemExit(f"the control relay {script} did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def control_relays(
+    upstream: int, key: str | None = None, *, enabled: bool = True
+) -> Iterator[dict[str, str]]:
+    """Both control relays in front of ``upstream`` while the block runs: name → base URL
+    (``{}`` when not ``enabled``). The byte relay forwards the client's own headers; the
+    minimal relay sends ``key`` upstream itself (its clients send none)."""
+    if not enabled:
+        yield {}
+        return
+    with (
+        _relay("byte_relay.py", upstream) as bytes_url,
+        _relay("minimal_relay.py", upstream, *([key] if key else [])) as minimal_url,
+    ):
+        yield {"bytes": bytes_url, "minimal": minimal_url}
