@@ -139,6 +139,67 @@ async def test_a_plugin_registered_after_a_call_is_still_left_out(make_pm: MakeP
     assert len(alpha.calls) == 3 and gamma.calls == []
 
 
+class Wrapped(EveryOperation):
+    """Also wraps its own ``werk_openai`` (a pluggy wrapper under another attribute name)."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__(backend)
+        self.wrapped: list[str] = []
+
+    @hookimpl(specname="werk_openai", wrapper=True)
+    def wrap_openai(self, call: OpenAICall) -> Any:
+        self.wrapped.append("before")
+        result = yield
+        self.wrapped.append("after")
+        return result
+
+
+async def test_a_wrapper_of_the_owner_still_runs(make_pm: MakePM) -> None:
+    """The owner-only caller bypasses pluggy only for one plain implementation; an owner that
+    also wraps the hook is called through pluggy, which runs the wrapper around it."""
+    owner = Wrapped("alpha")
+    pm = make_pm(("alpha-plugin", owner))
+    call = ARGUMENTS[Operation.OPENAI]
+    result = await pm.call_operation(Operation.OPENAI, _runtime("alpha"), **call)
+    assert result.body == {"backend": "alpha"}
+    assert owner.wrapped == ["before", "after"]
+    assert [name for name, _ in owner.calls] == ["werk_openai"]
+
+
+class OnlyTheCall(Registers):
+    """Declares fewer arguments than the hook offers: pluggy passes only those."""
+
+    @hookimpl
+    def werk_openai(self, call: OpenAICall) -> OpenAIReply:
+        self.calls.append(("werk_openai", {"call": call}))
+        return OpenAIReply(body={"prompt": call.body["prompt"]})
+
+
+async def test_an_implementation_gets_only_the_arguments_it_declares(make_pm: MakePM) -> None:
+    plugin = OnlyTheCall("alpha")
+    pm = make_pm(("alpha-plugin", plugin))
+    call = ARGUMENTS[Operation.OPENAI]
+    result = await pm.call_operation(Operation.OPENAI, _runtime("alpha"), **call)
+    assert result.body == {"prompt": "hi"}
+    assert plugin.calls == [("werk_openai", call)]
+
+
+async def test_hook_call_monitoring_sees_operations_called_before_it_was_added(
+    make_pm: MakePM,
+) -> None:
+    """A monitor added after an operation's caller was built (``WERK_TRACE_PLUGINS`` adds one
+    at start-up; a test or an embedding application may add one later) still sees the call."""
+    alpha = EveryOperation("alpha")
+    pm = make_pm(("alpha-plugin", alpha))
+    runtime = _runtime("alpha")
+    await pm.call_operation(Operation.OPENAI, runtime, **ARGUMENTS[Operation.OPENAI])
+    seen: list[str] = []
+    pm.add_hookcall_monitoring(lambda name, impls, kwargs: seen.append(name), lambda *a: None)
+    result = await pm.call_operation(Operation.OPENAI, runtime, **ARGUMENTS[Operation.OPENAI])
+    assert seen == ["werk_openai"] and result.body == {"backend": "alpha"}
+    assert len(alpha.calls) == 2
+
+
 async def test_prefill_goes_to_whichever_plugin_owns_the_runtime(make_pm: MakePM) -> None:
     alpha, beta = EveryOperation("alpha"), EveryOperation("beta")
     pm = make_pm(("alpha-plugin", alpha), ("beta-plugin", beta))

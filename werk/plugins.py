@@ -143,7 +143,8 @@ class WerkPluginManager(pluggy.PluginManager):
         self.backends: dict[str, BackendDescriptor] = {}
         self._backend_owner: dict[str, str] = {}
         self._discovery_lock = threading.Lock()
-        self._only_callers: dict[tuple[int, str], pluggy.HookCaller] = {}
+        self._only_callers: dict[tuple[int, str], Callable[..., Any]] = {}
+        self._monitored = False
         self._stuck: set[tuple[str, str | None]] = set()
         """(backend, model) whose abandoned discovery is still running in its thread."""
 
@@ -225,13 +226,38 @@ class WerkPluginManager(pluggy.PluginManager):
         caller = getattr(self.hook, hook_name, None)
         return caller is not None and caller.spec is not None
 
-    def _only(self, plugin: object, hook_name: str) -> pluggy.HookCaller:
+    def _only(self, plugin: object, hook_name: str) -> Callable[..., Any]:
+        """A caller of ``plugin``'s own implementation of ``hook_name`` (keyword arguments, as a
+        pluggy hook caller takes them), built once per plugin and hook: ``call_operation`` runs
+        per request."""
         key = (id(plugin), hook_name)
         caller = self._only_callers.get(key)
-        if caller is None:  # built once per plugin and hook: call_operation runs per request
-            others = [p for p in self.get_plugins() if p is not plugin]
-            caller = self._only_callers[key] = self.subset_hook_caller(hook_name, others)
+        if caller is None:
+            caller = self._only_callers[key] = self._build_only(plugin, hook_name)
         return caller
+
+    def _build_only(self, plugin: object, hook_name: str) -> Callable[..., Any]:
+        others = [p for p in self.get_plugins() if p is not plugin]
+        subset = self.subset_hook_caller(hook_name, others)
+        impls = subset.get_hookimpls()
+        first_result = subset.spec is not None and subset.spec.opts.get("firstresult", False)
+        if (
+            self._monitored
+            or not first_result
+            or len(impls) != 1
+            or impls[0].hookwrapper
+            or impls[0].wrapper
+        ):
+            return subset  # pluggy: tracing monitors, wrappers, result lists
+        # A first-result hook (the operations) with one plain implementation: call it as pluggy
+        # would (its declared arguments, by position; its result as it is) without pluggy's
+        # per-call work (filtering the subset's implementations, the multi-call loop).
+        function, argnames = impls[0].function, impls[0].argnames
+
+        def call(**kwargs: Any) -> Any:
+            return function(*[kwargs[name] for name in argnames])
+
+        return call
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         self._only_callers.clear()
@@ -240,6 +266,11 @@ class WerkPluginManager(pluggy.PluginManager):
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         self._only_callers.clear()
         return super().unregister(plugin, name)
+
+    def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
+        self._monitored = True  # every later call goes through pluggy, which runs the monitor
+        self._only_callers.clear()
+        return super().add_hookcall_monitoring(before, after)
 
     # -- queries ---------------------------------------------------------------------------
 
