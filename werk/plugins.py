@@ -319,9 +319,10 @@ class WerkPluginManager(pluggy.PluginManager):
         return found
 
     def call_plugin(self, plugin: object, hook_name: str, **kwargs: Any) -> Any:
-        """Call ``hook_name`` on ``plugin`` alone, through pluggy (argument matching, tracing
-        and call monitors apply). Returns what pluggy returns: the list of non-``None`` results,
-        or the first one for a ``firstresult`` hook. Exceptions propagate unchanged."""
+        """Call ``hook_name`` on ``plugin`` alone, as pluggy would (argument matching, tracing
+        and call monitors apply; see :meth:`_build_only`). Returns what pluggy returns: the list
+        of non-``None`` results, or the first one for a ``firstresult`` hook. Exceptions
+        propagate unchanged."""
         return self._only(plugin, hook_name)(**kwargs)
 
     # -- owner-only dispatch ---------------------------------------------------------------
