@@ -22,22 +22,28 @@ from .dashboard import EventStreams, dashboard_routes
 from .errors import error_response
 from .exchange import ExchangeMiddleware
 from .guard import admit
+from .hot_routes import HotRoutes
 from .metrics import HttpMetrics, metrics_endpoint
 from .openai import openai_routes
 from .routes import werk_routes
 
-__all__ = ["build_app"]
+__all__ = ["HOT_PATHS", "build_app"]
+
+HOT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+"""The routes :class:`~werk.http.hot_routes.HotRoutes` dispatches directly."""
 
 
 def build_app(
     control: WerkControl, auth: Authenticator, *, metrics_public: bool = False
-) -> Starlette:
+) -> HotRoutes:
     """Assemble the application. Its lifespan runs ``control``'s job queue and idle unloader
     and then closes ``control`` (stopping every runtime). ``metrics_public``: a loopback client
     may scrape ``/metrics`` without a key (``werk serve --metrics-public``).
 
     ``app.state.dashboard_streams`` (:class:`werk.http.dashboard.EventStreams`): its ``stop()``
-    ends the dashboard's live streams; the server calls it when it begins to stop."""
+    ends the dashboard's live streams; the server calls it when it begins to stop. The Starlette
+    app is served through :class:`~werk.http.hot_routes.HotRoutes`: the ``/v1`` completion
+    routes (:data:`HOT_PATHS`) skip Starlette's layers."""
     http_metrics = HttpMetrics()
     activity = Activity()
     streams = EventStreams()
@@ -86,7 +92,7 @@ def build_app(
     )
     app.add_middleware(ExchangeMiddleware, metrics=http_metrics, activity=activity)
     app.state.dashboard_streams = streams
-    return app
+    return HotRoutes(app, HOT_PATHS, metrics=http_metrics, activity=activity)
 
 
 class _OpenAPIDocument:
