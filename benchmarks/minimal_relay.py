@@ -2,7 +2,8 @@
 
 uvicorn with its ``httptools`` parser on the loop ``werk serve`` uses (uvloop where installed),
 a bare ASGI app and the host's pooled :class:`werk.LoopbackClient`: it reads the request body,
-POSTs it unchanged to the same path upstream and answers the upstream's status and body. No
+POSTs it unchanged to the same path upstream (once more on a new connection when a pooled one
+turns out closed, as any pooled relay must) and answers the upstream's status and body. No
 routing, authentication, request ids, metrics, access log, runtime accounting, slot choice or
 JSON. What a throughput comparison shows for it against the direct server is what any relay
 built on this stack pays on this machine; Werk's relay does all the things this one leaves out
@@ -20,7 +21,7 @@ from typing import Any
 
 import uvicorn
 
-from werk import LoopbackClient
+from werk import LoopbackClient, NotSent
 
 MAX_BODY = 64 * 1024 * 1024
 
@@ -43,7 +44,12 @@ def make_app(upstream: int, key: str | None) -> Any:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        response = await clients[0].request(scope["method"], scope["path"], body=body)
+        try:
+            response = await clients[0].request(scope["method"], scope["path"], body=body)
+        except NotSent:  # a pooled connection the server had closed (its keep-alive timeout)
+            response = await clients[0].request(
+                scope["method"], scope["path"], body=body, fresh=True
+            )
         try:
             answer = await response.read(MAX_BODY)
         finally:
