@@ -13,8 +13,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from werk.http.access import configure_access_log, note_model
 from werk.http.activity import Activity
-from werk.http.app import HOT_PATHS
 from werk.http.exchange import ExchangeMiddleware
 from werk.http.hot_routes import HotRoutes
 from werk.http.metrics import HttpMetrics
@@ -34,11 +34,13 @@ class Layers:
         await self.app(scope, receive, send)
 
 
-def _served() -> tuple[HotRoutes, HttpMetrics, list[str]]:
+def _served() -> tuple[HotRoutes, HttpMetrics, Activity, list[str]]:
     lifespan_events: list[str] = []
 
     async def chat(request: Request) -> Response:
         body = await request.json()
+        request.scope["werk_principal"] = "p_test"  # what admit() records for the activity tail
+        note_model(request, body.get("model"))
         return JSONResponse({"echo": body, "route": request.scope["route"].path})
 
     async def other(request: Request) -> Response:
@@ -62,24 +64,41 @@ def _served() -> tuple[HotRoutes, HttpMetrics, list[str]]:
     app.add_middleware(Layers)
     Layers.seen = []
     app.state.marker = "kept"
-    hot = HotRoutes(app, ["/v1/chat/completions"], metrics=metrics, activity=Activity())
-    return hot, metrics, lifespan_events
+    activity = Activity()
+    hot = HotRoutes(app, ["/v1/chat/completions"], metrics=metrics, activity=activity)
+    return hot, metrics, activity, lifespan_events
 
 
-def test_a_hot_post_skips_the_app_layers_and_keeps_the_exchange_work() -> None:
-    hot, metrics, _ = _served()
-    with TestClient(hot) as client:
-        answer = client.post("/v1/chat/completions", json={"model": "m"})
+def test_a_hot_post_skips_the_app_layers_and_keeps_the_exchange_work(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    hot, metrics, activity, _ = _served()
+    configure_access_log(True)  # to the stderr capsys captures
+    try:
+        with TestClient(hot) as client:
+            answer = client.post("/v1/chat/completions", json={"model": "m"})
+    finally:
+        configure_access_log(False)
     assert answer.status_code == 200
     assert answer.json() == {"echo": {"model": "m"}, "route": "/v1/chat/completions"}
-    assert answer.headers["x-werk-request-id"].startswith("req_")
+    request_id = answer.headers["x-werk-request-id"]
+    assert request_id.startswith("req_")
     assert Layers.seen == []  # not through the Starlette app's middleware stack
     requests, _ = metrics.snapshot()
     assert requests == {("/v1/chat/completions", "POST", "2xx"): 1}
+    [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("werk: ")]
+    assert " 200 POST /v1/chat/completions model=m " in line and line.endswith(request_id)
+    [entry] = activity.recent("p_test")
+    assert (entry.method, entry.path, entry.status, entry.model) == (
+        "POST",
+        "/v1/chat/completions",
+        200,
+        "m",
+    )
 
 
 def test_everything_else_goes_through_the_app_as_before() -> None:
-    hot, metrics, events = _served()
+    hot, metrics, _, events = _served()
     with TestClient(hot, follow_redirects=False) as client:
         assert client.get("/v1/models").json() == {"other": True}
         assert client.get("/v1/chat/completions").status_code == 405  # Starlette's answer
@@ -105,7 +124,3 @@ def test_a_hot_path_the_app_lacks_is_refused() -> None:
         HotRoutes(app, ["/v1/chat/completions"], metrics=HttpMetrics())
     with pytest.raises(ValueError, match="/v1/models"):  # a GET route cannot be a hot one
         HotRoutes(app, ["/v1/models"], metrics=HttpMetrics())
-
-
-def test_the_hot_paths_are_the_completion_routes() -> None:
-    assert set(HOT_PATHS) == {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}

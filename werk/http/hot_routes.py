@@ -2,8 +2,9 @@
 
 A relayed chat is what ``werk serve`` answers most often. On its way through Starlette it passes
 the server-error middleware, the exception middleware, the router (one regular expression per
-route until one matches) and the route's request/response wrapper: 5-7 % of ``werk serve``'s
-CPU for a short relayed chat (``benchmarks/proxy_cpu_ab.py``). None of them does anything for
+route until one matches) and the route's request/response wrapper: skipping them saved 3-5 % of
+``werk serve``'s CPU per short relayed chat (``benchmarks/proxy_cpu_ab.py --before`` the commit
+before, three sittings; docs/performance.md). None of them does anything for
 these endpoints: each turns every exception into Werk's error response itself, takes no path
 parameters and answers only ``POST``.
 
