@@ -7,6 +7,10 @@ Two relays in front of the same server as Werk, measured in the same rotation:
 * ``minimal`` (``benchmarks/minimal_relay.py``): uvicorn + httptools + a bare ASGI app + the
   pooled ``werk.LoopbackClient``, nothing else. Its ratio to direct is what a relay on Werk's
   HTTP stack pays on this machine before doing any of Werk's work.
+* ``pinned`` (llama.cpp only, ``pin_slots``): the minimal relay that also pins each request to
+  one of the child's general slots, as Werk does to keep its state slot free (direct requests
+  may use every slot). Its ratio to direct is what that reservation costs a relay that does
+  nothing else; Werk's ratio to it is what Werk's own work costs.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from werk.supervise import free_port
@@ -48,16 +52,28 @@ def _relay(script: str, upstream: int, *extra: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def control_relays(
-    upstream: int, key: str | None = None, *, enabled: bool = True
+    upstream: int,
+    key: str | None = None,
+    *,
+    enabled: bool = True,
+    pin_slots: Sequence[int] = (),
 ) -> Iterator[dict[str, str]]:
-    """Both control relays in front of ``upstream`` while the block runs: name → base URL
-    (``{}`` when not ``enabled``). The byte relay forwards the client's own headers; the
-    minimal relay sends ``key`` upstream itself (its clients send none)."""
+    """The control relays in front of ``upstream`` while the block runs: name → base URL
+    (``{}`` when not ``enabled``; ``pinned`` only with ``pin_slots``). The byte relay forwards
+    the client's own headers; the minimal relays send ``key`` upstream themselves (their
+    clients send none)."""
     if not enabled:
         yield {}
         return
-    with (
-        _relay("byte_relay.py", upstream) as bytes_url,
-        _relay("minimal_relay.py", upstream, *([key] if key else [])) as minimal_url,
-    ):
-        yield {"bytes": bytes_url, "minimal": minimal_url}
+    keyed = [key] if key else []
+    with contextlib.ExitStack() as stack:
+        relays = {
+            "bytes": stack.enter_context(_relay("byte_relay.py", upstream)),
+            "minimal": stack.enter_context(_relay("minimal_relay.py", upstream, *keyed)),
+        }
+        if pin_slots:
+            pins = ",".join(map(str, pin_slots))
+            relays["pinned"] = stack.enter_context(
+                _relay("minimal_relay.py", upstream, *keyed, "--pin-slots", pins)
+            )
+        yield relays

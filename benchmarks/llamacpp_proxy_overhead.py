@@ -13,8 +13,9 @@ API key) and sends the *same* short chat body both ways:
   ``--per-client`` requests; ``--concurrent-rounds`` (5) rounds per side, interleaved; the median
   requests per second of each side and their ratio Werk/direct. Two control relays in front
   of the same child run in the same rotation (``benchmarks/controls.py``; ``--no-control``
-  leaves them out): a byte-for-byte one (the comparison's own spread) and the least a Python
-  HTTP relay on Werk's stack does (what any such relay pays here).
+  leaves them out): a byte-for-byte one (the comparison's own spread), the least a Python
+  HTTP relay on Werk's stack does (what any such relay pays here), and that least relay pinning
+  each request to a general slot as Werk does (what keeping the state slot free costs).
 
 Direct requests carry no ``id_slot`` (llama-server picks among all its slots); Werk pins each
 request to one of the general slots (the state slot is never used for ``/v1``).
@@ -419,7 +420,10 @@ def main(argv: list[str] | None = None) -> int:
                     added, _ = sequential(werk, direct, args.rounds, args.warmup, pid)
                     streamed(werk, direct, args.rounds, args.warmup, pid)
             port = int(child.url.rsplit(":", 1)[1])
-            with control_relays(port, child.key, enabled=not args.no_control) as relays:
+            general = general_slots(child.args)
+            with control_relays(
+                port, child.key, enabled=not args.no_control, pin_slots=general
+            ) as relays:
                 ratio = concurrent_rounds(
                     (served.url, {}, CHAT),
                     (child.url, headers, CHAT),
@@ -433,6 +437,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
     print_goals(GOALS, (added, ratio))
     return 0
+
+
+def general_slots(args: Sequence[str]) -> tuple[int, ...]:
+    """The child's slots for ``/v1`` traffic: all of its ``-np`` slots but the last
+    ``DEFAULT_STATE_SLOTS`` (reserved for named states; the benchmark's model sets no
+    ``state_slots`` option)."""
+    from werk_llamacpp.args import DEFAULT_STATE_SLOTS
+
+    slots = int(args[args.index("-np") + 1])
+    return tuple(range(slots - DEFAULT_STATE_SLOTS))
 
 
 Goal = tuple[str, str, float, str]

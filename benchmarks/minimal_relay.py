@@ -9,26 +9,34 @@ JSON. What a throughput comparison shows for it against the direct server is wha
 built on this stack pays on this machine; Werk's relay does all the things this one leaves out
 on the same stack. Non-streamed requests only (a streamed reply arrives whole at the end).
 
-Run: ``python benchmarks/minimal_relay.py LISTEN_PORT UPSTREAM_PORT [API_KEY]`` (127.0.0.1;
-``API_KEY`` is sent upstream as ``Authorization: Bearer``).
+``--pin-slots 0,1,2,3`` (llama-server only): the body is decoded, given ``"cache_prompt": true``
+and the ``id_slot`` of the least busy of those slots (the lowest on a tie), and encoded again,
+as Werk's llama.cpp relay pins each request to a general slot and keeps the state slot free.
+Its ratio to direct is what that reservation costs a relay that does nothing else.
+
+Run: ``python benchmarks/minimal_relay.py LISTEN_PORT UPSTREAM_PORT [API_KEY] [--pin-slots
+S,S,...]`` (127.0.0.1; ``API_KEY`` is sent upstream as ``Authorization: Bearer``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import uvicorn
 
-from werk import LoopbackClient, NotSent
+from werk import LoopbackClient, LoopbackResponse, NotSent
 
 MAX_BODY = 64 * 1024 * 1024
 
 
-def make_app(upstream: int, key: str | None) -> Any:
+def make_app(upstream: int, key: str | None, pin_slots: Sequence[int] = ()) -> Any:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     clients: list[LoopbackClient] = []  # made on the serving loop, on the first request
+    busy = dict.fromkeys(pin_slots, 0)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -44,16 +52,19 @@ def make_app(upstream: int, key: str | None) -> Any:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
+        slot = None
+        if busy:
+            slot = min(busy, key=busy.__getitem__)
+            busy[slot] += 1
+            request = msgspec.json.decode(body)
+            request["cache_prompt"] = True
+            request["id_slot"] = slot
+            body = msgspec.json.encode(request)
         try:
-            response = await clients[0].request(scope["method"], scope["path"], body=body)
-        except NotSent:  # a pooled connection the server had closed (its keep-alive timeout)
-            response = await clients[0].request(
-                scope["method"], scope["path"], body=body, fresh=True
-            )
-        try:
-            answer = await response.read(MAX_BODY)
+            answer, response = await _exchange(clients[0], scope, body)
         finally:
-            await response.aclose()
+            if slot is not None:
+                busy[slot] -= 1
         await send(
             {
                 "type": "http.response.start",
@@ -69,12 +80,30 @@ def make_app(upstream: int, key: str | None) -> Any:
     return app
 
 
+async def _exchange(
+    client: LoopbackClient, scope: dict[str, Any], body: bytes
+) -> tuple[bytes, LoopbackResponse]:
+    try:
+        response = await client.request(scope["method"], scope["path"], body=body)
+    except NotSent:  # a pooled connection the server had closed (its keep-alive timeout)
+        response = await client.request(scope["method"], scope["path"], body=body, fresh=True)
+    try:
+        return await response.read(MAX_BODY), response
+    finally:
+        await response.aclose()
+
+
 def main(argv: list[str]) -> None:
+    pin_slots: list[int] = []
+    if "--pin-slots" in argv:
+        at = argv.index("--pin-slots")
+        pin_slots = [int(s) for s in argv[at + 1].split(",")]
+        argv = argv[:at] + argv[at + 2 :]
     listen, upstream = int(argv[0]), int(argv[1])
     key = argv[2] if len(argv) > 2 else None
     loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
     uvicorn.run(
-        make_app(upstream, key),
+        make_app(upstream, key, pin_slots),
         host="127.0.0.1",
         port=listen,
         http="httptools",
