@@ -556,7 +556,8 @@ class OpenAIReply(msgspec.Struct, frozen=True, kw_only=True):
     media_type: str | None = None
 
     def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.body, self.stream, self.content)) != 1:
+        carried = (self.body is not None) + (self.stream is not None) + (self.content is not None)
+        if carried != 1:
             raise ValueError("an OpenAIReply carries exactly one of body, stream or content")
         if (self.content is None) != (self.media_type is None):
             raise ValueError("an OpenAIReply's content needs a media_type, and only content")

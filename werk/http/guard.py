@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..protocol import AuthMode, InvalidRequest
 from .auth import Authenticator
+from .headers import header
 from .sessions import SESSION_COOKIE
 
 if TYPE_CHECKING:  # not at run time: `werk serve` checks its bind address before starlette loads
@@ -41,7 +42,7 @@ def check_host(request: HTTPConnection, auth: Authenticator) -> None:
     """In unauthenticated local mode refuse a request whose ``Host`` is not a loopback name or
     address: a web page that rebinds its DNS name to 127.0.0.1 must not reach the server."""
     if auth.mode is AuthMode.UNAUTHENTICATED_LOCAL and auth.loopback_hosts_only:
-        host = request.headers.get("host", "")
+        host = header(request, b"host") or ""
         if not is_loopback_host(host):
             raise InvalidRequest(
                 "Host header is not a loopback name; unauthenticated local mode serves only "
@@ -56,13 +57,13 @@ def check_origin(request: HTTPConnection, *, required: bool) -> None:
     """Refuse a request a browser sent from another origin: its ``Origin`` header must name
     this server as the request's ``Host`` does. ``required``: a request without ``Origin`` is
     refused too (a state-changing request a browser authenticated by cookie always has one)."""
-    origin = request.headers.get("origin")
+    origin = header(request, b"origin")
     if origin is None:
         if required:
             raise InvalidRequest("this request needs an Origin header naming this server")
         return
     _, sep, authority = origin.partition("://")
-    host = request.headers.get("host", "")
+    host = header(request, b"host") or ""
     if not sep or not host or authority.rstrip("/").lower() != host.lower():
         raise InvalidRequest(
             "the request's Origin is not this server; cross-site requests are refused"
@@ -83,7 +84,7 @@ def admit(request: HTTPConnection, auth: Authenticator) -> str:
     The principal is recorded in the request scope (``werk_principal``) for the activity tail.
     """
     check_host(request, auth)
-    authorization = request.headers.get("authorization")
+    authorization = header(request, b"authorization")
     if auth.mode is AuthMode.UNAUTHENTICATED_LOCAL:
         check_origin(request, required=False)
         principal = auth.principal(authorization)
@@ -101,8 +102,8 @@ def admit_tool_client(request: HTTPConnection, auth: Authenticator) -> str:
     besides ``Authorization: Bearer KEY`` they send HTTP Basic with the key as the password
     (Open WebUI, SillyTavern), and an empty ``Authorization`` header when none is configured
     (accepted in unauthenticated local mode, as any header is)."""
-    header = request.headers.get("authorization") or ""
-    scheme, _, credentials = header.partition(" ")
+    authorization = header(request, b"authorization") or ""
+    scheme, _, credentials = authorization.partition(" ")
     if scheme.lower() != "basic" or auth.mode is AuthMode.UNAUTHENTICATED_LOCAL:
         return admit(request, auth)
     check_host(request, auth)

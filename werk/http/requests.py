@@ -15,6 +15,7 @@ from starlette.types import Message
 
 from ..protocol import InvalidRequest, PayloadTooLarge, UnsupportedMediaType, decode
 from .access import note_model
+from .headers import header
 
 __all__ = [
     "RequestIdFilter",
@@ -60,7 +61,7 @@ def set_request_id(request_id: str) -> None:
 
 
 def _require_json(request: Request) -> None:
-    content_type = request.headers.get("content-type", "")
+    content_type = header(request, b"content-type") or ""
     media = content_type.split(";", 1)[0].strip().lower()
     if media != "application/json":
         raise UnsupportedMediaType("request bodies must be application/json")
@@ -74,7 +75,7 @@ async def read_body(request: Request, limit: int, *, json_only: bool = True) -> 
     bound is crossed, so memory stays bounded. ``json_only=False``: any ``Content-Type`` (the
     routes of ComfyUI's API, whose clients post JSON without one); it must still parse as JSON.
     """
-    declared = request.headers.get("content-length")
+    declared = header(request, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body over {limit} bytes")
     if json_only:
@@ -83,7 +84,7 @@ async def read_body(request: Request, limit: int, *, json_only: bool = True) -> 
 
 
 async def _read_bounded(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+    declared = header(request, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body over {limit} bytes")
     chunks: list[bytes] = []
@@ -155,7 +156,7 @@ async def read_object(request: Request, limit: int) -> dict[str, Any]:
 async def read_form(request: Request, limit: int, *, max_files: int = 1) -> FormData:
     """A bounded ``multipart/form-data`` body (``max_files`` files at most), parsed after it
     was read whole, so a huge upload is refused before any parsing."""
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    media = (header(request, b"content-type") or "").split(";", 1)[0].strip().lower()
     if media != "multipart/form-data":
         raise UnsupportedMediaType("this route takes multipart/form-data (a file upload)")
     body = await _read_bounded(request, limit)

@@ -89,11 +89,16 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._head_started = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
-        self._count(url)
+        self._head_bytes += len(url)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise HeadTooLarge(f"request head over {MAX_HEAD_BYTES} bytes")
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(name, value)
+        # Inline, not a shared helper: this runs for every header of every request.
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise HeadTooLarge(f"request head over {MAX_HEAD_BYTES} bytes")
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -141,11 +146,6 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             b"%s: %s\r\n\r\n%s" % (len(body), REQUEST_ID_HEADER, request_id.encode(), body)
         )
         self.transport.close()
-
-    def _count(self, *parts: bytes) -> None:
-        self._head_bytes += sum(len(part) for part in parts)
-        if self._head_bytes > MAX_HEAD_BYTES:
-            raise HeadTooLarge(f"request head over {MAX_HEAD_BYTES} bytes")
 
     def _arm(self) -> None:
         if self._header_timer is None:

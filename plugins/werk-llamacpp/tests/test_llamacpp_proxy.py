@@ -37,6 +37,7 @@ from test_llamacpp_process_support import (
     werk_serve,
 )
 from werk_llamacpp import inspect as llama_inspect
+from werk_llamacpp import slot_picker
 from werk_llamacpp.inspect import FileIdentity, Inspection
 from werk_llamacpp.process import (
     Child,
@@ -47,7 +48,7 @@ from werk_llamacpp.process import (
     stop_runtime,
 )
 from werk_llamacpp.proxy import openai_reply
-from werk_llamacpp.slot_picker import _common_prefix
+from werk_llamacpp.slot_picker import SIMILARITY, _common_prefix
 from werk_llamacpp.slots import llama_json
 
 from werk import (
@@ -407,6 +408,67 @@ def test_slot_picker_prefers_prefix_then_lru_then_least_busy() -> None:
     assert picker.in_flight() == 0
     picker.release(a)  # releasing too often never goes negative
     assert picker.in_flight() == 0
+
+
+class _ReferencePicker:
+    """The picker's rule, written plainly: among the least busy slots, the longest shared
+    prefix over the similarity threshold, then the least recently used, then the lowest."""
+
+    def __init__(self, slots: tuple[int, ...]) -> None:
+        self.slots = slots
+        self.busy = dict.fromkeys(slots, 0)
+        self.used = dict.fromkeys(slots, 0)
+        self.key = dict.fromkeys(slots, "")
+        self.clock = 0
+
+    def acquire(self, key: str) -> int:
+        def affinity(slot: int) -> int:
+            common = _common_prefix(key, self.key[slot])
+            return common if common > SIMILARITY * len(key) else 0
+
+        least = min(self.busy.values())
+        candidates = [s for s in self.slots if self.busy[s] == least]
+        slot = max(candidates, key=lambda s: (affinity(s), -self.used[s]))
+        self.clock += 1
+        self.busy[slot] += 1
+        self.used[slot] = self.clock
+        self.key[slot] = key
+        return slot
+
+    def release(self, slot: int) -> None:
+        if self.busy[slot] > 0:
+            self.busy[slot] -= 1
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet="abc", min_size=1, max_size=30).map(lambda key: ("acquire", key)),
+            st.integers(0, 3).map(lambda slot: ("release", slot)),
+        ),
+        max_size=40,
+    )
+)
+def test_the_slot_picker_chooses_as_its_rule_says(ops: list[tuple[str, Any]]) -> None:
+    ticks = iter(range(1, 10_000))
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return float(next(ticks))
+
+    original = slot_picker.time
+    slot_picker.time = Clock  # type: ignore[assignment]
+    try:
+        picker, reference = SlotPicker((0, 1, 2, 3)), _ReferencePicker((0, 1, 2, 3))
+        for op, arg in ops:
+            if op == "acquire":
+                assert picker.acquire(arg) == reference.acquire(arg)
+            else:
+                picker.release(arg)
+                reference.release(arg)
+    finally:
+        slot_picker.time = original
 
 
 @given(st.text(alphabet="ab", max_size=40), st.text(alphabet="ab", max_size=40))

@@ -48,19 +48,24 @@ class SlotPicker:
 
     def acquire(self, key: str) -> int:
         key = key[:PREFIX_KEY_CHARS]
-        least = min(self._busy.values())
-        candidates = [s for s in self.slots if self._busy[s] == least]
-        slot = max(candidates, key=lambda s: (self._affinity(key, s), -self._used[s]))
-        self._busy[slot] += 1
-        self._used[slot] = time.monotonic()
-        self._key[slot] = key
+        busy, used, keys = self._busy, self._used, self._key
+        least = min(busy.values())
+        # The affinity counts only a shared prefix over llama-server's default similarity
+        # threshold (10 % of the prompt; shared chat-JSON boilerplate alone does not count).
+        # One loop, no helper calls: this runs for every /v1 request.
+        threshold = SIMILARITY * len(key)
+        slot, best = -1, (-1, 0.0)
+        for candidate in self.slots:
+            if busy[candidate] != least:
+                continue
+            common = _common_prefix(key, keys[candidate])
+            rank = (common if common > threshold else 0, -used[candidate])
+            if rank > best:
+                slot, best = candidate, rank
+        busy[slot] += 1
+        used[slot] = time.monotonic()
+        keys[slot] = key
         return slot
-
-    def _affinity(self, key: str, slot: int) -> int:
-        """The shared prefix, if it is more than llama-server's default similarity threshold
-        (10 % of the prompt; shared chat-JSON boilerplate alone does not count)."""
-        common = _common_prefix(key, self._key[slot])
-        return common if common > SIMILARITY * len(key) else 0
 
     def release(self, slot: int) -> None:
         if self._busy.get(slot, 0) > 0:
