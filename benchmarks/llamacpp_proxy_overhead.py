@@ -10,7 +10,7 @@ API key) and sends the *same* short chat body both ways:
 * **streamed**: the same chat with ``"stream": true``, interleaved the same way; the time to
   the first SSE event that carries content (median, p90) and Werk's added median;
 * **concurrent**: ``--clients`` (8) threads, each with its own keep-alive client, sending
-  ``--per-client`` requests; ``--concurrent-rounds`` (5) rounds per side, interleaved; the median
+  ``--per-client`` requests; ``--concurrent-rounds`` (9) rounds per side, interleaved; the median
   requests per second of each side and their ratio Werk/direct. Two control relays in front
   of the same child run in the same rotation (``benchmarks/controls.py``; ``--no-control``
   leaves them out): a byte-for-byte one (the comparison's own spread), the least a Python
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--concurrent-rounds",
         type=int,
-        default=5,
+        default=9,
         help="concurrent rounds per side, alternating which side goes first (one round's "
         "req/s varies by a quarter on a busy 2-core machine; the medians are compared)",
     )
