@@ -219,12 +219,31 @@ def print_modes(through: Sequence[float], straight: Sequence[float]) -> None:
             print(f"    added p50 within the {mode} mode {added:+.3f} ms ({len(a)} / {len(b)})")
 
 
+# llama-server sometimes closes a kept-alive connection right after a streamed reply (and after
+# a number of requests); a request already sent on it ends with "Server disconnected without
+# sending a response". Werk's relay sends such a request once more on a new connection; the
+# benchmark's own clients (either side) do the same and time the second attempt, so that the
+# direct side's connection handling does not end a run half-way. Each such retry is printed.
+
+
+def _closed_unanswered(client: httpx.Client) -> None:
+    print(f"  (sent once more: {client.base_url} closed the connection without answering)")
+
+
 def _post(client: httpx.Client, body: dict[str, Any]) -> float:
-    start = time.perf_counter()
-    answer = client.post("/v1/chat/completions", json=body)
-    elapsed = time.perf_counter() - start
-    answer.raise_for_status()
-    return elapsed
+    for attempt in (1, 2):
+        start = time.perf_counter()
+        try:
+            answer = client.post("/v1/chat/completions", json=body)
+        except httpx.RemoteProtocolError:
+            if attempt == 2:
+                raise
+            _closed_unanswered(client)
+            continue
+        elapsed = time.perf_counter() - start
+        answer.raise_for_status()
+        return elapsed
+    raise AssertionError("unreachable")
 
 
 LAST_CPU = [0.0]
@@ -309,16 +328,26 @@ def _has_content(data: str) -> bool:
 
 def _first_byte(client: httpx.Client, body: dict[str, Any]) -> float:
     """Seconds from sending a streamed chat to the first SSE event that carries content."""
-    start = time.perf_counter()
-    first = None
-    with client.stream("POST", "/v1/chat/completions", json=body) as answer:
-        answer.raise_for_status()
-        for line in answer.iter_lines():
-            if first is None and line.startswith("data:") and _has_content(line[5:]):
-                first = time.perf_counter() - start
-    if first is None:
-        raise RuntimeError("the stream carried no content")
-    return first
+    for attempt in (1, 2):
+        start = time.perf_counter()
+        first = None
+        answered = False
+        try:
+            with client.stream("POST", "/v1/chat/completions", json=body) as answer:
+                answered = True
+                answer.raise_for_status()
+                for line in answer.iter_lines():
+                    if first is None and line.startswith("data:") and _has_content(line[5:]):
+                        first = time.perf_counter() - start
+        except httpx.RemoteProtocolError:
+            if answered or attempt == 2:
+                raise
+            _closed_unanswered(client)
+            continue
+        if first is None:
+            raise RuntimeError("the stream carried no content")
+        return first
+    raise AssertionError("unreachable")
 
 
 def streamed(
