@@ -1,6 +1,6 @@
 """Control relays for the relay benchmarks' concurrent rounds.
 
-Two relays in front of the same server as Werk, measured in the same rotation:
+Relays in front of the same server as Werk, measured in the same rotation:
 
 * ``bytes`` (``benchmarks/byte_relay.py``): copies bytes, parses nothing. Its ratio to direct is
   the spread of the comparison on this machine in this run.

@@ -11,7 +11,7 @@ API key) and sends the *same* short chat body both ways:
   the first SSE event that carries content (median, p90) and Werk's added median;
 * **concurrent**: ``--clients`` (8) threads, each with its own keep-alive client, sending
   ``--per-client`` requests; ``--concurrent-rounds`` (9) rounds per side, interleaved; the median
-  requests per second of each side and their ratio Werk/direct. Two control relays in front
+  requests per second of each side and their ratio Werk/direct. Control relays in front
   of the same child run in the same rotation (``benchmarks/controls.py``; ``--no-control``
   leaves them out): a byte-for-byte one (the comparison's own spread), the least a Python
   HTTP relay on Werk's stack does (what any such relay pays here), and that least relay pinning
