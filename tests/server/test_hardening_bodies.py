@@ -24,6 +24,7 @@ from _server import ErrorBodyCheck, WerkServer, import_model, werk_serve
 from werk.http.openai import OPENAI_BODY
 from werk.http.routes import PROMPT_BODY, SMALL_BODY
 from werk.http.server import MAX_HEAD_BYTES
+from werk.protocol.media import MAX_AUDIO_BYTES, MAX_IMAGE_UPLOAD_BYTES
 
 KEY = "bodies-key-0123456789abcdef"
 AUTH = f"Authorization: Bearer {KEY}\r\n"
@@ -287,6 +288,31 @@ def test_declared_length_over_the_bound_is_refused_before_the_body_is_read(
     error = _check(error_body, battery, response, 413)
     assert error["code"] == "payload_too_large"
     assert response.headers["connection"] == "close"  # the unread body ends the connection
+
+
+UPLOADS = (
+    ("/v1/audio/transcriptions", MAX_AUDIO_BYTES + 64 * 1024),
+    ("/v1/images/edits", MAX_IMAGE_UPLOAD_BYTES + 64 * 1024),
+)
+
+
+@pytest.mark.parametrize(("path", "limit"), UPLOADS, ids=[path for path, _ in UPLOADS])
+def test_an_upload_declared_over_its_bound_is_refused_before_the_body_is_read(
+    battery: Battery, error_body: ErrorBodyCheck, path: str, limit: int
+) -> None:
+    """The multipart upload routes refuse an honest ``Content-Length`` over their bound after
+    1 KiB, as the JSON routes do (the test above)."""
+    with socket.create_connection(("127.0.0.1", battery.port)) as sock:
+        head = _head(
+            path,
+            "Content-Type: multipart/form-data; boundary=x\r\n",
+            f"Content-Length: {limit + 1}\r\n",
+        )
+        sock.sendall(head + b" " * 1024)
+        response = _read_one(sock)
+    error = _check(error_body, battery, response, 413)
+    assert error["code"] == "payload_too_large"
+    assert response.headers["connection"] == "close"
 
 
 def _stream_chunked(sock: socket.socket, total: int) -> tuple[int, str]:

@@ -75,18 +75,21 @@ async def read_body(request: Request, limit: int, *, json_only: bool = True) -> 
     bound is crossed, so memory stays bounded. ``json_only=False``: any ``Content-Type`` (the
     routes of ComfyUI's API, whose clients post JSON without one); it must still parse as JSON.
     """
-    declared = header(request, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body over {limit} bytes")
+    _refuse_declared_over(request, limit)  # before the content type: a 413 wins over a 415
     if json_only:
         _require_json(request)
     return await _read_bounded(request, limit)
 
 
-async def _read_bounded(request: Request, limit: int) -> bytes:
+def _refuse_declared_over(request: Request, limit: int) -> None:
     declared = header(request, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body over {limit} bytes")
+
+
+async def _read_bounded(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it crosses ``limit`` (callers checked the declared length
+    first)."""
     chunks: list[bytes] = []
     size = 0
     try:
@@ -159,6 +162,7 @@ async def read_form(request: Request, limit: int, *, max_files: int = 1) -> Form
     media = (header(request, b"content-type") or "").split(";", 1)[0].strip().lower()
     if media != "multipart/form-data":
         raise UnsupportedMediaType("this route takes multipart/form-data (a file upload)")
+    _refuse_declared_over(request, limit)
     body = await _read_bounded(request, limit)
     sent = False
 
