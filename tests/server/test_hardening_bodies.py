@@ -270,24 +270,28 @@ def test_wrong_content_type_is_415(
         assert fine.status_code != 415, fine.text
 
 
-@pytest.mark.parametrize("target", TARGETS, ids=IDS)
-def test_declared_length_over_the_bound_is_refused_before_the_body_is_read(
-    battery: Battery, error_body: ErrorBodyCheck, target: Target
+def _declared_over(
+    battery: Battery, error_body: ErrorBodyCheck, path: str, media: str, limit: int
 ) -> None:
-    """An honest ``Content-Length`` over the bound is answered 413 after 1 KiB of the body has
-    been sent: the client never sends the rest, so a server that waited for it (or read it)
-    would never answer."""
+    """Announce ``limit + 1`` body bytes, send 1 KiB of them: a 413 ``payload_too_large`` that
+    closes the connection must come back (a server that waited for the rest would never
+    answer)."""
     with socket.create_connection(("127.0.0.1", battery.port)) as sock:
-        head = _head(
-            target.path,
-            "Content-Type: application/json\r\n",
-            f"Content-Length: {target.limit + 1}\r\n",
-        )
+        head = _head(path, f"Content-Type: {media}\r\n", f"Content-Length: {limit + 1}\r\n")
         sock.sendall(head + b" " * 1024)
         response = _read_one(sock)
     error = _check(error_body, battery, response, 413)
     assert error["code"] == "payload_too_large"
     assert response.headers["connection"] == "close"  # the unread body ends the connection
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=IDS)
+def test_declared_length_over_the_bound_is_refused_before_the_body_is_read(
+    battery: Battery, error_body: ErrorBodyCheck, target: Target
+) -> None:
+    """An honest ``Content-Length`` over the bound is answered 413 after 1 KiB of the body has
+    been sent."""
+    _declared_over(battery, error_body, target.path, "application/json", target.limit)
 
 
 UPLOADS = (
@@ -300,19 +304,9 @@ UPLOADS = (
 def test_an_upload_declared_over_its_bound_is_refused_before_the_body_is_read(
     battery: Battery, error_body: ErrorBodyCheck, path: str, limit: int
 ) -> None:
-    """The multipart upload routes refuse an honest ``Content-Length`` over their bound after
-    1 KiB, as the JSON routes do (the test above)."""
-    with socket.create_connection(("127.0.0.1", battery.port)) as sock:
-        head = _head(
-            path,
-            "Content-Type: multipart/form-data; boundary=x\r\n",
-            f"Content-Length: {limit + 1}\r\n",
-        )
-        sock.sendall(head + b" " * 1024)
-        response = _read_one(sock)
-    error = _check(error_body, battery, response, 413)
-    assert error["code"] == "payload_too_large"
-    assert response.headers["connection"] == "close"
+    """The multipart upload routes refuse an over-bound ``Content-Length`` as the JSON routes
+    do (the test above)."""
+    _declared_over(battery, error_body, path, "multipart/form-data; boundary=x", limit)
 
 
 def _stream_chunked(sock: socket.socket, total: int) -> tuple[int, str]:
