@@ -13,9 +13,11 @@ API key) and sends the *same* short chat body both ways:
   ``--per-client`` requests; ``--concurrent-rounds`` (9) rounds per side, interleaved; the median
   requests per second of each side and their ratio Werk/direct. Control relays in front
   of the same child run in the same rotation (``benchmarks/controls.py``; ``--no-control``
-  leaves them out): a byte-for-byte one (the comparison's own spread), the least a Python
-  HTTP relay on Werk's stack does (what any such relay pays here), and that least relay pinning
-  each request to a general slot as Werk does (what keeping the state slot free costs).
+  leaves them out): a byte-for-byte one, the least a Python HTTP relay on Werk's stack does
+  (what any such relay pays here), and that least relay pinning each request to a general slot
+  as Werk does (what keeping the state slot free costs); and the direct child once more as a
+  side of its own (``again``): its ratio to direct, where nothing differs, is one sample of
+  how far this run's throughput ratios stray from their true values by chance.
 
 Direct requests carry no ``id_slot`` (llama-server picks among all its slots); Werk pins each
 request to one of the general slots (the state slot is never used for ``/v1``).
@@ -421,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-control",
         action="store_true",
-        help="leave the control relays (benchmarks/controls.py) out of the concurrent rounds",
+        help="leave the control relays (benchmarks/controls.py) and the direct child's second "
+        "side (again) out of the concurrent rounds",
     )
     parser.add_argument(
         "--serve-arg",
@@ -453,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             with control_relays(
                 port, child.key, enabled=not args.no_control, pin_slots=general
             ) as relays:
-                ratio = concurrent_rounds(
+                throughput = concurrent_rounds(
                     (served.url, {}, CHAT),
                     (child.url, headers, CHAT),
                     rounds=args.concurrent_rounds,
@@ -463,8 +466,9 @@ def main(argv: list[str] | None = None) -> int:
                         (name, (url, headers if name == "bytes" else {}, CHAT))
                         for name, url in relays.items()
                     ],
+                    same_server=not args.no_control,
                 )
-    print_goals(GOALS, (added, ratio))
+    print_goals(GOALS, (added, throughput.ratio), throughput)
     return 0
 
 
@@ -487,18 +491,36 @@ GOALS: tuple[Goal, ...] = (
 )
 
 
-def print_goals(goals: Sequence[Goal], values: Sequence[float]) -> None:
-    """Print each goal with this run's value and whether the run met it."""
+def print_goals(
+    goals: Sequence[Goal], values: Sequence[float], throughput: Throughput | None = None
+) -> None:
+    """Print each goal with this run's value and whether the run met it; then, with
+    ``throughput``, how far the same server measured twice read from 1 in this run."""
     print("goals (this run):")
     for (name, unit, goal, way), value in zip(goals, values, strict=True):
         met = value <= goal if way == "<=" else value >= goal
         shown = f"{value:+.3f} {unit}" if unit else f"{value:.3f}"
         bound = f"{goal} {unit}" if unit else f"{goal}"
         print(f"  {name}: {shown} (goal {way} {bound}) {'met' if met else 'NOT met'}")
+    if throughput is not None and throughput.same_server is not None:
+        print(
+            f"  (direct measured twice read {throughput.same_server:.3f} where nothing differs: "
+            "one sample of how far this run's throughput ratio can stray from 1 by chance)"
+        )
 
 
 Side = tuple[str, dict[str, str], dict[str, Any]]
 """(base URL, headers, chat body) of one side of a throughput comparison."""
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What :func:`concurrent_rounds` found: Werk's req/s over direct's (medians), and the
+    direct server's over itself measured as a second side in the same rotation (``None``
+    when not measured): how far from 1 a ratio reads in this run when nothing differs."""
+
+    ratio: float
+    same_server: float | None
 
 
 def concurrent_rounds(
@@ -509,16 +531,21 @@ def concurrent_rounds(
     clients: int,
     per_client: int,
     controls: Sequence[tuple[str, Side]] = (),
-) -> float:
+    same_server: bool = True,
+) -> Throughput:
     """Interleaved concurrent rounds (the order rotating from round to round); prints each
-    side's median req/s and returns the ratio Werk/direct. ``controls``: more sides (name and
+    side's median req/s and the ratio Werk/direct. ``controls``: more sides (name and
     target; ``benchmarks/controls.py``) measured in the same rotation, each one's ratio to
-    direct printed too."""
+    direct printed too. ``same_server``: the direct side is measured a second time, as a side
+    named ``again``, in the same rotation (an A/A comparison: its ratio to direct is the
+    comparison's own spread in this run, with no hop and no other code in between)."""
+    sides: list[tuple[str, Side]] = [("werk", werk), ("direct", direct), *controls]
+    if same_server:
+        sides.append(("again", direct))
     print(
         f"concurrent: {clients} clients x {per_client} short chats, "
-        f"{rounds} rounds per side (interleaved)"
+        f"{rounds} rounds per side, {len(sides)} sides (interleaved)"
     )
-    sides: list[tuple[str, Side]] = [("werk", werk), ("direct", direct), *controls]
     rates: dict[str, list[float]] = {name: [] for name, _ in sides}
     for round_ in range(rounds):
         shift = round_ % len(sides)
@@ -530,9 +557,12 @@ def concurrent_rounds(
     straight = statistics.median(rates["direct"])
     for name, _ in controls:
         print(f"  control {name} / direct {statistics.median(rates[name]) / straight:.3f}")
+    again = statistics.median(rates["again"]) / straight if same_server else None
+    if again is not None:
+        print(f"  same server again / direct {again:.3f} (nothing differs)")
     ratio = statistics.median(rates["werk"]) / straight
     print(f"  throughput ratio werk/direct {ratio:.3f}")
-    return ratio
+    return Throughput(ratio, again)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ ways, measured as ``benchmarks/llamacpp_proxy_overhead.py`` does (its helpers ar
 interleaved sequential non-streamed requests (added p50), streamed requests (added p50 to the
 first content byte), and ``--clients`` concurrent clients (median req/s ratio Werk/direct), then
 the goal table. The concurrent rounds also measure two control relays in front of the same
-server (``benchmarks/controls.py``; ``--no-control`` leaves them out): a byte-for-byte one, whose
-ratio to direct is the spread of that comparison on this machine in this run, and the least a
-Python HTTP relay on Werk's stack does.
+server (``benchmarks/controls.py``; ``--no-control`` leaves them out): a byte-for-byte one and
+the least a Python HTTP relay on Werk's stack does; and the server directly once more as a side
+of its own (``again``), whose ratio to direct, where nothing differs, is the spread of that
+comparison in this run.
 
 Run: ``.venv/bin/python benchmarks/vllm_relay_overhead.py [--rounds 200] [--clients 8]``
 (``WERK_BACKENDS_DIR`` or ``--backends`` names where vLLM's environment is; ``make vllm-env``
@@ -104,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         help="where `werk backends install vllm` put vLLM's environment",
     )
     parser.add_argument(
-        "--no-control", action="store_true", help="no control relays in the concurrent rounds"
+        "--no-control",
+        action="store_true",
+        help="no control relays and no second direct side (again) in the concurrent rounds",
     )
     args = parser.parse_args(argv)
     python = Path(args.backends) / "vllm" / "venv" / "bin" / "python"
@@ -142,17 +145,18 @@ def main(argv: list[str] | None = None) -> int:
                     added, _ = sequential(werk, direct, args.rounds, args.warmup, pid, **bodies)
                     first = streamed(werk, direct, args.rounds, args.warmup, pid, **bodies)
                 with control_relays(port, enabled=not args.no_control) as relays:
-                    ratio = concurrent_rounds(
+                    throughput = concurrent_rounds(
                         (served.url, {}, werk_body),
                         (direct_url, {}, direct_body),
                         rounds=args.concurrent_rounds,
                         clients=args.clients,
                         per_client=args.per_client,
                         controls=[(name, (url, {}, direct_body)) for name, url in relays.items()],
+                        same_server=not args.no_control,
                     )
         finally:
             stop(vllm)
-    print_goals(GOALS, (added, first, ratio))
+    print_goals(GOALS, (added, first, throughput.ratio), throughput)
     return 0
 
 
