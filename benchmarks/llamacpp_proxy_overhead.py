@@ -426,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         help="leave the control relays (benchmarks/controls.py) and the direct child's second "
         "side (again) out of the concurrent rounds",
     )
+    parser.add_argument("--json", metavar="PATH", help="also write the goal table to PATH as JSON")
     parser.add_argument(
         "--serve-arg",
         action="append",
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                     ],
                     same_server=not args.no_control,
                 )
-    print_goals(GOALS, (added, throughput.ratio), throughput)
+    print_goals(GOALS, (added, throughput.ratio), throughput, args.json)
     return 0
 
 
@@ -491,17 +492,49 @@ GOALS: tuple[Goal, ...] = (
 )
 
 
+def goal_met(goal: Goal, value: float) -> bool:
+    """Whether ``value`` meets ``goal``."""
+    _, _, bound, way = goal
+    return value <= bound if way == "<=" else value >= bound
+
+
+def goal_line(goal: Goal, value: float, what: str = "") -> str:
+    """``goal``'s line of a goal table for ``value``: the value, the goal, met or not."""
+    name, unit, bound, way = goal
+    shown = f"{value:+.3f} {unit}" if unit else f"{value:.3f}"
+    limit = f"{bound} {unit}" if unit else f"{bound}"
+    verdict = "met" if goal_met(goal, value) else "NOT met"
+    return f"{name}: {what}{shown} (goal {way} {limit}) {verdict}"
+
+
 def print_goals(
-    goals: Sequence[Goal], values: Sequence[float], throughput: Throughput | None = None
+    goals: Sequence[Goal],
+    values: Sequence[float],
+    throughput: Throughput | None = None,
+    json_path: str | None = None,
 ) -> None:
     """Print each goal with this run's value and whether the run met it; then, with
-    ``throughput``, how far the same server measured twice read from 1 in this run."""
+    ``throughput``, how far the same server measured twice read from 1 in this run. With
+    ``json_path``, the same goes to that file as JSON (``benchmarks/repeat_goals.py`` reads
+    it): ``{"goals": [{"name", "unit", "goal", "way", "value", "met"}, …],
+    "same_server": float | null}``."""
     print("goals (this run):")
-    for (name, unit, goal, way), value in zip(goals, values, strict=True):
-        met = value <= goal if way == "<=" else value >= goal
-        shown = f"{value:+.3f} {unit}" if unit else f"{value:.3f}"
-        bound = f"{goal} {unit}" if unit else f"{goal}"
-        print(f"  {name}: {shown} (goal {way} {bound}) {'met' if met else 'NOT met'}")
+    for goal, value in zip(goals, values, strict=True):
+        print(f"  {goal_line(goal, value)}")
+    if json_path is not None:
+        rows = [
+            {
+                "name": n,
+                "unit": u,
+                "goal": g,
+                "way": w,
+                "value": v,
+                "met": goal_met((n, u, g, w), v),
+            }
+            for (n, u, g, w), v in zip(goals, values, strict=True)
+        ]
+        same = throughput.same_server if throughput is not None else None
+        Path(json_path).write_text(json.dumps({"goals": rows, "same_server": same}, indent=1))
     if throughput is not None and throughput.same_server is not None:
         print(
             f"  (direct measured twice read {throughput.same_server:.3f} where nothing differs: "

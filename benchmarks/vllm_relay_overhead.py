@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no control relays and no second direct side (again) in the concurrent rounds",
     )
+    parser.add_argument("--json", metavar="PATH", help="also write the goal table to PATH as JSON")
     args = parser.parse_args(argv)
     python = Path(args.backends) / "vllm" / "venv" / "bin" / "python"
     if not python.exists():
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             stop(vllm)
-    print_goals(GOALS, (added, first, throughput.ratio), throughput)
+    print_goals(GOALS, (added, first, throughput.ratio), throughput, args.json)
     return 0
 
 
