@@ -22,7 +22,9 @@ API key) and sends the *same* short chat body both ways:
 Direct requests carry no ``id_slot`` (llama-server picks among all its slots); Werk pins each
 request to one of the general slots (the state slot is never used for ``/v1``).
 
-Then the goal table: added p50 ≤ 0.6 ms and Werk/direct req/s ≥ 0.95, each met or not.
+Then the goal table: added p50 ≤ 0.6 ms and Werk/direct req/s ≥ 0.95, each met or not
+(``--json PATH`` writes it as JSON too; ``benchmarks/repeat_goals.py`` runs the benchmark
+several times and prints the table on the medians).
 
 Run: ``.venv/bin/python benchmarks/llamacpp_proxy_overhead.py [--rounds 200] [--clients 8]``.
 Figures are printed, never asserted. Helpers here are shared by the other llama.cpp benchmarks.

@@ -16,7 +16,9 @@ comparison in this run.
 
 Run: ``.venv/bin/python benchmarks/vllm_relay_overhead.py [--rounds 200] [--clients 8]``
 (``WERK_BACKENDS_DIR`` or ``--backends`` names where vLLM's environment is; ``make vllm-env``
-builds it under ``~/.cache/werk/backends``). Figures are printed, never asserted.
+builds it under ``~/.cache/werk/backends``). Figures are printed, never asserted; ``--json PATH``
+writes the goal table as JSON too, and ``benchmarks/repeat_goals.py vllm_relay_overhead`` runs
+the benchmark several times and prints the table on the medians.
 """
 
 from __future__ import annotations
