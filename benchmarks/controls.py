@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from werk.supervise import free_port
@@ -30,8 +31,18 @@ from werk.supervise import free_port
 HERE = Path(__file__).parent
 
 
+@dataclass(frozen=True)
+class RelayProcess:
+    """A control relay while it runs: its base URL and process id (for its CPU time)."""
+
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def _relay(script: str, upstream: int, *extra: str) -> Iterator[str]:
+def relay_process(script: str, upstream: int, *extra: str) -> Iterator[RelayProcess]:
+    """``benchmarks/SCRIPT LISTEN_PORT UPSTREAM *EXTRA`` on a free port until the block ends
+    (killed and reaped after); the block starts once the port accepts connections."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, str(HERE / script), str(port), str(upstream), *extra]
@@ -46,7 +57,7 @@ def _relay(script: str, upstream: int, *extra: str) -> Iterator[str]:
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise SystemExit(f"the control relay {script} did not start") from None
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield RelayProcess(f"http://127.0.0.1:{port}", process.pid)
     finally:
         process.kill()
         process.wait()
@@ -70,12 +81,12 @@ def control_relays(
     keyed = [key] if key else []
     with contextlib.ExitStack() as stack:
         relays = {
-            "bytes": stack.enter_context(_relay("byte_relay.py", upstream)),
-            "minimal": stack.enter_context(_relay("minimal_relay.py", upstream, *keyed)),
+            "bytes": stack.enter_context(relay_process("byte_relay.py", upstream)).url,
+            "minimal": stack.enter_context(relay_process("minimal_relay.py", upstream, *keyed)).url,
         }
         if pin_slots:
             pins = ",".join(map(str, pin_slots))
             relays["pinned"] = stack.enter_context(
-                _relay("minimal_relay.py", upstream, *keyed, "--pin-slots", pins)
-            )
+                relay_process("minimal_relay.py", upstream, *keyed, "--pin-slots", pins)
+            ).url
         yield relays

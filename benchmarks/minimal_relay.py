@@ -14,14 +14,22 @@ and the ``id_slot`` of the least busy of those slots (the lowest on a tie), and 
 as Werk's llama.cpp relay pins each request to a general slot and keeps the state slot free.
 Its ratio to direct is what that reservation costs a relay that does nothing else.
 
+``--burn-us N`` spends N microseconds of CPU (a busy loop on the thread's own CPU clock) and
+``--sleep-us N`` waits N microseconds without CPU (``asyncio.sleep``) before each request goes
+upstream: a relay that costs a known amount more, so ``benchmarks/relay_cost.py`` can show what
+a microsecond of a relay's CPU, or of its latency, costs in throughput on this machine.
+
 Run: ``python benchmarks/minimal_relay.py LISTEN_PORT UPSTREAM_PORT [API_KEY] [--pin-slots
-S,S,...]`` (127.0.0.1; ``API_KEY`` is sent upstream as ``Authorization: Bearer``).
+S,S,...] [--burn-us N] [--sleep-us N]`` (127.0.0.1; ``API_KEY`` is sent upstream as
+``Authorization: Bearer``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +41,15 @@ from werk import LoopbackClient, LoopbackResponse, NotSent
 MAX_BODY = 64 * 1024 * 1024
 
 
-def make_app(upstream: int, key: str | None, pin_slots: Sequence[int] = ()) -> Any:
+def make_app(
+    upstream: int,
+    key: str | None,
+    pin_slots: Sequence[int] = (),
+    *,
+    burn: float = 0.0,
+    sleep: float = 0.0,
+) -> Any:
+    """The relay's ASGI app; ``burn`` and ``sleep`` (seconds) are spent on every request."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     clients: list[LoopbackClient] = []  # made on the serving loop, on the first request
     busy = dict.fromkeys(pin_slots, 0)
@@ -60,6 +76,12 @@ def make_app(upstream: int, key: str | None, pin_slots: Sequence[int] = ()) -> A
             request["cache_prompt"] = True
             request["id_slot"] = slot
             body = msgspec.json.encode(request)
+        if burn:
+            until = time.thread_time() + burn
+            while time.thread_time() < until:
+                pass
+        if sleep:
+            await asyncio.sleep(sleep)
         try:
             answer, response = await _exchange(clients[0], scope, body)
         finally:
@@ -93,17 +115,26 @@ async def _exchange(
         await response.aclose()
 
 
+def _option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
+    """The value after ``name`` in ``argv`` (``None`` when absent) and ``argv`` without both."""
+    if name not in argv:
+        return None, argv
+    at = argv.index(name)
+    return argv[at + 1], argv[:at] + argv[at + 2 :]
+
+
 def main(argv: list[str]) -> None:
-    pin_slots: list[int] = []
-    if "--pin-slots" in argv:
-        at = argv.index("--pin-slots")
-        pin_slots = [int(s) for s in argv[at + 1].split(",")]
-        argv = argv[:at] + argv[at + 2 :]
+    pins, argv = _option(argv, "--pin-slots")
+    burn_us, argv = _option(argv, "--burn-us")
+    sleep_us, argv = _option(argv, "--sleep-us")
+    pin_slots = [int(s) for s in pins.split(",")] if pins else []
+    burn = float(burn_us or 0) / 1e6
+    sleep = float(sleep_us or 0) / 1e6
     listen, upstream = int(argv[0]), int(argv[1])
     key = argv[2] if len(argv) > 2 else None
     loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
     uvicorn.run(
-        make_app(upstream, key, pin_slots),
+        make_app(upstream, key, pin_slots, burn=burn, sleep=sleep),
         host="127.0.0.1",
         port=listen,
         http="httptools",
