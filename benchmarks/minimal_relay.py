@@ -16,8 +16,8 @@ Its ratio to direct is what that reservation costs a relay that does nothing els
 
 ``--burn-us N`` spends N microseconds of CPU (a busy loop on the thread's own CPU clock) and
 ``--sleep-us N`` waits N microseconds without CPU (``asyncio.sleep``) before each request goes
-upstream: a relay that costs a known amount more, so ``benchmarks/relay_cost.py`` can show what
-a microsecond of a relay's CPU, or of its latency, costs in throughput on this machine.
+upstream: a relay that costs a known amount more, which ``benchmarks/relay_cost.py`` measures
+beside Werk's relay (whether req/s can tell such a cost apart at all on this machine).
 
 Run: ``python benchmarks/minimal_relay.py LISTEN_PORT UPSTREAM_PORT [API_KEY] [--pin-slots
 S,S,...] [--burn-us N] [--sleep-us N]`` (127.0.0.1; ``API_KEY`` is sent upstream as
