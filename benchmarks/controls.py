@@ -3,8 +3,8 @@
 Relays in front of the same server as Werk, measured in the same rotation:
 
 * ``bytes`` (``benchmarks/byte_relay.py``): copies bytes, parses nothing: what a hop that does
-  no work changes. (On the 2-core machine it read above direct in most runs, 0.88--1.23: a hop
-  also reshapes how requests arrive at the server. The comparison's own spread is the
+  no work changes. (A hop also reshapes how requests arrive at the server: on the 2-core machine
+  it read above direct in most runs, docs/performance.md. The comparison's own spread is the
   benchmarks' ``again`` side, the direct server measured twice.)
 * ``minimal`` (``benchmarks/minimal_relay.py``): uvicorn + httptools + a bare ASGI app + the
   pooled ``werk.LoopbackClient``, nothing else. Its ratio to direct is what a relay on Werk's

@@ -524,16 +524,10 @@ def print_goals(
     for goal, value in zip(goals, values, strict=True):
         print(f"  {goal_line(goal, value)}")
     if json_path is not None:
+        fields = ("name", "unit", "goal", "way")
         rows = [
-            {
-                "name": n,
-                "unit": u,
-                "goal": g,
-                "way": w,
-                "value": v,
-                "met": goal_met((n, u, g, w), v),
-            }
-            for (n, u, g, w), v in zip(goals, values, strict=True)
+            {**dict(zip(fields, goal, strict=True)), "value": v, "met": goal_met(goal, v)}
+            for goal, v in zip(goals, values, strict=True)
         ]
         same = throughput.same_server if throughput is not None else None
         Path(json_path).write_text(json.dumps({"goals": rows, "same_server": same}, indent=1))
