@@ -3,7 +3,7 @@
 The llama.cpp benchmark (``benchmarks/llamacpp_proxy_overhead.py``) measures ``werk serve``'s CPU
 per request one request at a time, in 10 ms ticks over 200 requests (steps of 50 µs), and under
 concurrency only req/s, whose ratios stray by ±0.1 from run to run on the 2-core machine. CPU time
-is what a relay takes from llama-server there, and summed over 30 rounds it read within about ±15 µs
+is what a relay takes from llama-server there, and summed over 30 rounds it read within about ±25 µs
 per request from run to run (runs of 2026-12-07). One ``werk serve --model demo`` (the tiny
 generated demo model) and its llama-server child; in one rotation of concurrent rounds
 (``--clients`` 8 × ``--per-client`` 50 short chats each, the order rotating by one side each round):
