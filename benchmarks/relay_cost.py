@@ -14,7 +14,15 @@ generated demo model) and its llama-server child; in one rotation of concurrent 
 * ``pinned``: ``benchmarks/minimal_relay.py --pin-slots`` (the least relay that keeps the state
   slot free, as Werk does);
 * ``burn N`` (``--burn N …``): that relay spending N µs more CPU on every request;
-* ``sleep N`` (``--sleep N …``): that relay waiting N µs on every request without CPU.
+* ``sleep N`` (``--sleep N …``): that relay waiting N µs on every request without CPU;
+* ``unreserved`` (``--unreserved``): a second llama-server started with the child's own
+  arguments but without the state slot (``-np`` the general slots only, the context scaled to
+  match, no slot directory), reached directly: what a user who runs llama-server with Werk's
+  ``/v1`` slot count gets. Its ratio to ``direct`` is what the state slot gives direct requests
+  (the second server idles while the others are measured).
+
+``--native ARG …`` gives the demo model those native llama-server arguments (its
+``native_args`` option), e.g. ``--native -t 1``; the unreserved server gets them too.
 
 For each side: the median req/s over ``--rounds`` rounds, its ratio to ``pinned`` and to
 ``direct``, and the relay process's CPU time per request (user + system, all threads, from
@@ -23,16 +31,19 @@ burn and sleep sides are calibrated costs: what a known amount of a relay's CPU,
 latency, does to req/s here (on 2-core runs of 30 rounds, less than the rounds' own spread).
 
 Run: ``.venv/bin/python benchmarks/relay_cost.py [--rounds 30] [--burn 50 100 200] [--sleep
-400]``. Figures are printed, never asserted; a round takes about a second, so 30 rounds of
-three sides take about a minute and a half.
+400] [--unreserved] [--native ARG …]``. Figures are printed, never asserted; a round takes about
+a second, so 30 rounds of three sides take about a minute and a half.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
+import subprocess
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,10 +55,14 @@ from llamacpp_proxy_overhead import (
     concurrent,
     cpu_seconds,
     create_demo,
+    free_port,
     general_slots,
     managed_child,
+    wait_http,
     werk_serve,
 )
+
+from werk.supervise import stop_group
 
 
 @dataclass
@@ -84,6 +99,38 @@ def measure(sides: dict[str, Side], rounds: int, clients: int, per_client: int) 
             side.requests += requests
 
 
+@contextlib.contextmanager
+def unreserved_server(child_args: Sequence[str], general: int, log: Path) -> Iterator[str]:
+    """A llama-server with the child's arguments but only its ``general`` slots (``-c`` scaled
+    to keep each slot's context, no ``--slot-save-path``) on another port; yields its URL."""
+    argv = list(child_args)
+    slots = int(argv[argv.index("-np") + 1])
+    ctx = int(argv[argv.index("-c") + 1])
+    port = free_port()
+    for flag, value in (("-np", general), ("-c", ctx // slots * general), ("--port", port)):
+        argv[argv.index(flag) + 1] = str(value)
+    save = argv.index("--slot-save-path")
+    del argv[save : save + 2]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health", process)
+        yield url
+    finally:
+        stop_group(process, grace=10)
+
+
+def set_native_args(home: Path, native: Sequence[str], model_id: str = "demo") -> None:
+    """Give the model ``native`` llama-server arguments (its ``native_args`` option)."""
+    manifest = home / "models" / f"{model_id}.json"
+    record = json.loads(manifest.read_text())
+    record["options"] = {**record.get("options", {}), "native_args": list(native)}
+    manifest.write_text(json.dumps(record))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30, help="rounds per side (default 30)")
@@ -95,21 +142,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sleep", type=float, nargs="*", default=[], help="µs of waiting, one side each (none)"
     )
+    parser.add_argument(
+        "--unreserved", action="store_true", help="a side: llama-server without the state slot"
+    )
+    parser.add_argument(
+        "--native",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="native llama-server arguments for the demo model (last on the line)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="werk-bench-") as tmp, contextlib.ExitStack() as stack:
         home = Path(tmp) / "home"
         home.mkdir()
         create_demo(home)
+        if args.native:
+            set_native_args(home, args.native)
         served = stack.enter_context(werk_serve(home, ["demo"], Path(tmp) / "serve.log"))
         with httpx.Client(base_url=served.url, timeout=120) as client:
             _post(client, CHAT)  # spawns the child
         child = managed_child(served.process.pid)
         port = int(child.url.rsplit(":", 1)[1])
-        pins = ",".join(map(str, general_slots(child.args)))
+        general = general_slots(child.args)
+        pins = ",".join(map(str, general))
+        auth = {"Authorization": f"Bearer {child.key}"}
+        print(f"llama-server: {' '.join(child.args[child.args.index('-np') :])}")
         sides = {
             "werk": Side(served.url, {}, served.process.pid),
-            "direct": Side(child.url, {"Authorization": f"Bearer {child.key}"}, None),
+            "direct": Side(child.url, auth, None),
         }
+        if args.unreserved:
+            log = Path(tmp) / "unreserved.log"
+            url = stack.enter_context(unreserved_server(child.args, len(general), log))
+            sides["unreserved"] = Side(url, auth, None)
         extras: dict[str, tuple[str, ...]] = {"pinned": ()}
         extras |= {f"burn {us:g}": ("--burn-us", f"{us:g}") for us in args.burn}
         extras |= {f"sleep {us:g}": ("--sleep-us", f"{us:g}") for us in args.sleep}
