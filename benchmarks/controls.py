@@ -11,8 +11,10 @@ Relays in front of the same server as Werk, measured in the same rotation:
   HTTP stack pays on this machine before doing any of Werk's work.
 * ``pinned`` (llama.cpp only, ``pin_slots``): the minimal relay that also pins each request to
   one of the child's general slots, as Werk does to keep its state slot free (direct requests
-  may use every slot). Its ratio to direct is what that reservation costs a relay that does
-  nothing else; Werk's ratio to it is what Werk's own work costs.
+  may use every slot). Its ratio to ``minimal`` is what pinning costs a relay that does nothing
+  else (its ratio to direct also holds the hop; ``benchmarks/relay_cost.py --unreserved``
+  measures what the state slot gives direct requests); Werk's ratio to it is what Werk's own
+  work costs.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ API key) and sends the *same* short chat body both ways:
   of the same child run in the same rotation (``benchmarks/controls.py``; ``--no-control``
   leaves them out): a byte-for-byte one, the least a Python HTTP relay on Werk's stack does
   (what any such relay pays here), and that least relay pinning each request to a general slot
-  as Werk does (what keeping the state slot free costs); and the direct child once more as a
+  as Werk does (against the minimal one: what pinning costs); and the direct child once more as a
   side of its own (``again``): its ratio to direct, where nothing differs, is one sample of
   how far this run's throughput ratios stray from their true values by chance.
 

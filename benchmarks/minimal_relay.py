@@ -12,7 +12,8 @@ on the same stack. Non-streamed requests only (a streamed reply arrives whole at
 ``--pin-slots 0,1,2,3`` (llama-server only): the body is decoded, given ``"cache_prompt": true``
 and the ``id_slot`` of the least busy of those slots (the lowest on a tie), and encoded again,
 as Werk's llama.cpp relay pins each request to a general slot and keeps the state slot free.
-Its ratio to direct is what that reservation costs a relay that does nothing else.
+Its ratio to the same relay without ``--pin-slots`` is what pinning costs a relay that does
+nothing else (its ratio to direct also holds the hop itself).
 
 ``--burn-us N`` spends N microseconds of CPU (a busy loop on the thread's own CPU clock) and
 ``--sleep-us N`` waits N microseconds without CPU (``asyncio.sleep``) before each request goes
